@@ -5,25 +5,28 @@
 # %% auto #0
 __all__ = ['COMMANDS', 'HEADLINE', 'UsageError', 'ArgParser', 'main', 'run_cli', 'demo_main']
 
-# %% ../nbs/01_cli.ipynb #f6cd5185
-import argparse, importlib, sys
+# %% ../nbs/01_cli.ipynb #1d8fa750
+import argparse, contextlib, importlib, io, re, sys
 
-# %% ../nbs/01_cli.ipynb #533fced7
+# %% ../nbs/01_cli.ipynb #2b8d79dd
 class UsageError(ValueError):
     "Bad input from the user: reported as one line on stderr with exit status 2."
 
 class ArgParser(argparse.ArgumentParser):
     "An `ArgumentParser` whose parse errors raise `UsageError` rather than printing usage and exiting."
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r'^-\.?\d')  # `--tokens -5T` is a (bad) value, not a flag
     def error(self, message): raise UsageError(message)
 
-# %% ../nbs/01_cli.ipynb #2c0cd51c
+# %% ../nbs/01_cli.ipynb #8422656d
 COMMANDS = {
     'plan': ('apex3.plan:plan_main', 'plan a training run: GPUs, layout, memory, days, serving'),
     'gpus': ('apex3.plan:gpus_main', 'list the GPUs the planner knows, with the source of every figure'),
     'demo': ('apex3.cli:demo_main', "the README's main job: the headline plan, printed, and its plots as PNG files"),
 }
 
-# %% ../nbs/01_cli.ipynb #159c6868
+# %% ../nbs/01_cli.ipynb #c230cbf9
 def _load(target):
     "Import the function named by a `module:function` string."
     mod, fn = target.split(':')
@@ -33,7 +36,7 @@ def _usage():
     rows = '\n'.join(f'  {k:<8}{doc}' for k, (_, doc) in COMMANDS.items())
     return f'usage: apex3 COMMAND [ARGS]\n\ncommands:\n{rows}\n\n`apex3 COMMAND --help` describes one.'
 
-# %% ../nbs/01_cli.ipynb #1d9cb30f
+# %% ../nbs/01_cli.ipynb #7a590753
 def main(argv=None):
     "Entry point of the `apex3` console script."
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -48,14 +51,14 @@ def main(argv=None):
         print(f'apex3 {name}: error: {e}', file=sys.stderr)
         return 2
 
-# %% ../nbs/01_cli.ipynb #ad56125d
+# %% ../nbs/01_cli.ipynb #18b3eee0
 def run_cli(*args):
     "Run `apex3 *args` in-process; return (exit status, stdout, stderr)."
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): rc = main([str(a) for a in args])
     return rc, out.getvalue(), err.getvalue()
 
-# %% ../nbs/01_cli.ipynb #8738291d
+# %% ../nbs/01_cli.ipynb #63c5e5e5
 HEADLINE = dict(params='1T', active='32B', tokens='15T', precision='fp8')
 
 def demo_main(argv=()):

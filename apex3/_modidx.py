@@ -119,4 +119,14 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                             'apex3.plan.search_gpus': ('plan.html#search_gpus', 'apex3/plan.py'),
                             'apex3.plan.search_target': ('plan.html#search_target', 'apex3/plan.py'),
                             'apex3.plan.train_flops': ('plan.html#train_flops', 'apex3/plan.py'),
-                            'apex3.plan.validation_table': ('plan.html#validation_table', 'apex3/plan.py')}}}
+                            'apex3.plan.validation_table': ('plan.html#validation_table', 'apex3/plan.py')},
+            'apex3.records': { 'apex3.records.append_records': ('records.html#append_records', 'apex3/records.py'),
+                               'apex3.records.attempt': ('records.html#attempt', 'apex3/records.py'),
+                               'apex3.records.device_peak_tflops': ('records.html#device_peak_tflops', 'apex3/records.py'),
+                               'apex3.records.git': ('records.html#git', 'apex3/records.py'),
+                               'apex3.records.latest_run': ('records.html#latest_run', 'apex3/records.py'),
+                               'apex3.records.load_records': ('records.html#load_records', 'apex3/records.py'),
+                               'apex3.records.pkg_version': ('records.html#pkg_version', 'apex3/records.py'),
+                               'apex3.records.provenance': ('records.html#provenance', 'apex3/records.py'),
+                               'apex3.records.records_path': ('records.html#records_path', 'apex3/records.py'),
+                               'apex3.records.time_fn': ('records.html#time_fn', 'apex3/records.py')}}}

@@ -6,8 +6,7 @@
 __all__ = ['ATTN_BACKENDS', 'BIAS_UPDATES', 'CONFIGS', 'ModelConfig', 'check_config', 'parse_overrides', 'get_config',
            'param_components', 'param_counts', 'param_table']
 
-# %% ../nbs/09_config.ipynb #2804918c
-import dataclasses, math
+# %% ../nbs/09_config.ipynb #2ac8ce17
 from dataclasses import dataclass, fields, replace
 from .cli import UsageError
 

@@ -8,6 +8,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+# the copy on the GPU machine has no .git: records get the commit from the caller (APEX3_GIT_COMMIT=...)
 python3 - <<'PY'
 import torch, triton, importlib
 print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')

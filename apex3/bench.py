@@ -7,7 +7,7 @@ __all__ = ['log', 'add_run_flags', 'bench_parser', 'run_config', 'micro_flops', 
            'Run', 'micro_step', 'optimizer_step', 'random_tokens', 'measure_link', 'bench', 'dataclass_dict',
            'bench_main']
 
-# %% ../nbs/25_bench.ipynb #f3f19617
+# %% ../nbs/25_bench.ipynb #389c7c88
 import argparse, functools, json, logging, math, os, statistics, sys, time
 import torch, torch.nn as nn
 from torch.utils.checkpoint import checkpoint
@@ -17,7 +17,7 @@ from .records import append_records, device_peak_tflops, GiB
 
 log = logging.getLogger('apex3.bench')
 
-# %% ../nbs/25_bench.ipynb #f21d3d14
+# %% ../nbs/25_bench.ipynb #41d92271
 def add_run_flags(p):
     "The model and runtime flags shared by `apex3.bench` and `apex3.train`."
     p.add_argument('--config', default='tiny', help='model config: tiny, small, medium, C')
@@ -51,18 +51,18 @@ def bench_parser():
     p.add_argument('--json', help='append the record to this JSONL file')
     return p
 
-# %% ../nbs/25_bench.ipynb #3bda5a84
+# %% ../nbs/25_bench.ipynb #4c4843ce
 def run_config(a):
     "The model config of the flags: `--config`, `--set`, and the flags that are config fields."
     extra = [f'{k}={v}' for k, v in (('attn', a.attn), ('moe_chunk', a.moe_chunk), ('seq_len', a.seq_len)) if v is not None]
-    return get_config(a.config, [*a.set, *extra])
+    return get_config(a.config, ['max_docs=1', *a.set, *extra])  # random rows are single documents (a --set may say otherwise)
 
 def micro_flops(cfg, micro_bs):
     "FLOPs of one micro-batch by the MFU formula (DESIGN §8)."
     n = param_counts(cfg)
     return (6 * n['active_matmul'] + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.seq_len) * micro_bs * cfg.seq_len
 
-# %% ../nbs/25_bench.ipynb #2526f740
+# %% ../nbs/25_bench.ipynb #c5a23966
 def _checkpointed(fn):
     "`fn` recomputed in the backward pass instead of keeping its activations."
     @functools.wraps(fn)
@@ -86,7 +86,7 @@ def mark_gemms(model):
     for m in model.modules():
         if isinstance(m, Experts): m._apex3_gemm = True
 
-# %% ../nbs/25_bench.ipynb #420802a4
+# %% ../nbs/25_bench.ipynb #87c96923
 class Run:
     "A model, its optimizer and its offload machinery, built from the flags."
     def __init__(self, a):
@@ -117,7 +117,7 @@ class Run:
 def _device_memory(device):
     return torch.cuda.get_device_properties(device).total_memory if device.type == 'cuda' else 16 * GiB
 
-# %% ../nbs/25_bench.ipynb #a7b46158
+# %% ../nbs/25_bench.ipynb #bf62b31d
 import contextlib
 
 def _act_scope(run):
@@ -141,7 +141,7 @@ def random_tokens(cfg, micro_bs, gen, device):
     "Random ids below the EOS id: every row is one document."
     return torch.randint(0, cfg.eos_id, (micro_bs, cfg.seq_len + 1), generator=gen).to(device, non_blocking=True)
 
-# %% ../nbs/25_bench.ipynb #f9fe2576
+# %% ../nbs/25_bench.ipynb #7fd688cb
 def measure_link(nbytes=2**30, repeats=3):
     "Pinned host→device and device→host GB/s, best of `repeats` (None without CUDA)."
     if not torch.cuda.is_available(): return dict(h2d_gbs=None, d2h_gbs=None)
@@ -154,7 +154,7 @@ def measure_link(nbytes=2**30, repeats=3):
         return nbytes / best / 1e9
     return dict(h2d_gbs=round(rate(dev, host), 1), d2h_gbs=round(rate(host, dev), 1))
 
-# %% ../nbs/25_bench.ipynb #12a89296
+# %% ../nbs/25_bench.ipynb #a0bca1b6
 def _sync(device):
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
@@ -193,7 +193,7 @@ def dataclass_dict(cfg):
     import dataclasses
     return dataclasses.asdict(cfg)
 
-# %% ../nbs/25_bench.ipynb #e436a26b
+# %% ../nbs/25_bench.ipynb #99ca70f1
 def bench_main(argv=None):
     "`apex3 bench` / `python -m apex3.bench`: run the benchmark, print the record, append it to --json."
     a = bench_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -204,7 +204,7 @@ def bench_main(argv=None):
     if a.json: print(f'appended to {append_records([rec], a.json)}')
     return 0
 
-# %% ../nbs/25_bench.ipynb #11d586b2
+# %% ../nbs/25_bench.ipynb #f19a9d22
 if __name__ == '__main__' and not hasattr(sys, 'ps1') and 'ipykernel' not in sys.modules:
     try: sys.exit(bench_main())
     except UsageError as e: print(f'apex3 bench: error: {e}', file=sys.stderr); sys.exit(2)

@@ -11,14 +11,14 @@ __all__ = ['log', 'HAS_FA3', 'HAS_VARLEN', 'HAS_FLEX', 'AUTO_ORDER', 'CPU_GROUPE
            'module_param_counts', 'graph_break_count', 'KVCache', 'generate', 'bench_matmul', 'attention_flops',
            'bench_attention', 'moe_flops', 'bench_moe_layer']
 
-# %% ../nbs/10_model.ipynb #8b1859fc
+# %% ../nbs/10_model.ipynb #af14d471
 import functools, importlib.util, logging, math
 from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from .config import ModelConfig, get_config
 
-# %% ../nbs/10_model.ipynb #a37c7251
+# %% ../nbs/10_model.ipynb #b08dcb29
 class RMSNorm(nn.Module):
     "Root-mean-square norm over the last dim, computed in fp32, with a learned gain."
     def __init__(self, dim, eps=1e-5):
@@ -27,7 +27,7 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
 
-# %% ../nbs/10_model.ipynb #3fc44a57
+# %% ../nbs/10_model.ipynb #a9ed601c
 def rope_cos_sin(positions, head_dim, theta):
     "fp32 cos and sin tables `[*positions.shape, head_dim/2]` for integer positions."
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
@@ -40,7 +40,7 @@ def apply_rope(x, cos, sin):
     cos, sin = cos[..., None, :], sin[..., None, :]   # broadcast over heads
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).to(x.dtype)
 
-# %% ../nbs/10_model.ipynb #061f778d
+# %% ../nbs/10_model.ipynb #c2cdfa06
 def doc_ids(tokens, eos_id):
     "Document index of every token within its row: EOS ends a document, the next token starts another."
     eos = (tokens == eos_id).int()
@@ -62,7 +62,7 @@ def doc_overflow(tokens, eos_id, max_docs):
     "Device scalar: how many documents did not get their own `cu_seqlens` slot (0 when `max_docs` suffices)."
     return (doc_starts(tokens, eos_id).sum() - tokens.shape[0] * max_docs).clamp_min(0)
 
-# %% ../nbs/10_model.ipynb #eb90aa29
+# %% ../nbs/10_model.ipynb #af698034
 log = logging.getLogger('apex3.model')   # one name in the package and the notebook
 
 def _importable(name):
@@ -84,11 +84,13 @@ def backend_available(name, device, needs_grad=True):
     if name == 'flex': return HAS_FLEX and (cuda or not needs_grad)   # no FlexAttention backward on CPU
     raise ValueError(f'unknown attention backend {name!r}')
 
-def resolve_backend(name, device, needs_grad=True):
+def resolve_backend(name, device, needs_grad=True, whole_rows=False):
     "The backend to use for `name` on `device`: itself if available, else the best available (one warning line)."
     if name != 'auto' and backend_available(name, device, needs_grad): return name
     cuda = torch.device(device).type == 'cuda'   # eager FlexAttention on CPU is slow: explicit requests only
-    best = next(b for b in AUTO_ORDER if backend_available(b, device, needs_grad) and (cuda or b != 'flex'))
+    # When every row is one document (max_docs=1), plain causal SDPA is exact, and cuDNN's is the fastest kernel we measured.
+    order = ('sdpa', *AUTO_ORDER) if whole_rows and cuda else AUTO_ORDER
+    best = next(b for b in order if backend_available(b, device, needs_grad) and (cuda or b != 'flex'))
     key = (name, torch.device(device).type, needs_grad)
     if name != 'auto' and key not in _warned and not torch.compiler.is_compiling():
         _warned.add(key)
@@ -96,7 +98,7 @@ def resolve_backend(name, device, needs_grad=True):
                     ' with gradients' if needs_grad else '', best)
     return best
 
-# %% ../nbs/10_model.ipynb #7e42ad68
+# %% ../nbs/10_model.ipynb #a010a02e
 @dataclass
 class AttnMeta:
     "What every attention layer of one forward needs to respect document boundaries."
@@ -121,7 +123,7 @@ def attention_meta(tokens, cfg, backend):
     doc = doc_ids(tokens, cfg.eos_id)
     return AttnMeta(backend, doc=doc, block_mask=doc_block_mask(doc) if backend == 'flex' else None)
 
-# %% ../nbs/10_model.ipynb #aa697931
+# %% ../nbs/10_model.ipynb #96d263a3
 def repeat_kv(x, n_heads):
     "Repeat KV heads [B, S, Hkv, D] (or [T, Hkv, D]) so query head h reads KV head h // (Hq/Hkv)."
     return x if x.shape[-2] == n_heads else x.repeat_interleave(n_heads // x.shape[-2], dim=-2)
@@ -146,7 +148,7 @@ def attn_sdpa(q, k, v):
     with sdpa_kernel(order, set_priority=True):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
 
-# %% ../nbs/10_model.ipynb #239cc5b8
+# %% ../nbs/10_model.ipynb #66193622
 @functools.cache
 def _compiled_flex():
     "FlexAttention compiled once per process, for eager callers on CUDA."
@@ -188,7 +190,7 @@ def attend(q, k, v, meta: AttnMeta):
     if b == 'fa3': return attn_fa3(q, k, v, meta.cu, meta.max_len)
     raise ValueError(f'unknown attention backend {b!r}')
 
-# %% ../nbs/10_model.ipynb #fab2befa
+# %% ../nbs/10_model.ipynb #ec4f1b80
 class Attention(nn.Module):
     "Grouped-query attention with RoPE, optional QK-norm and document-masked backends."
     def __init__(self, cfg: ModelConfig, layer_idx=0):
@@ -210,7 +212,7 @@ class Attention(nn.Module):
         o = attend(q, k, v, meta) if cache is None else cache.attend(self.layer_idx, q, k, v)
         return self.wo(o.reshape(B, S, -1))
 
-# %% ../nbs/10_model.ipynb #ff6508e6
+# %% ../nbs/10_model.ipynb #14e0a504
 def route(x, router_weight, router_bias, top_k, route_scale=1.0):
     "Sigmoid scores [N, E], chosen experts [N, k] by score + bias, and gates [N, k] (chosen scores normalised to sum 1)."
     dt = torch.promote_types(x.dtype, torch.float32)                # at least fp32: choices are sensitive to rounding
@@ -227,7 +229,7 @@ def seq_aux_loss(scores, idx, batch, alpha):
         1, idx.view(batch, S * k), torch.ones(batch, S * k, device=scores.device))
     return alpha * ((hits * E / (k * S)) * p).sum(-1).mean()                         # f_i: E/(kS) * tokens routed
 
-# %% ../nbs/10_model.ipynb #6b936e6b
+# %% ../nbs/10_model.ipynb #4d2e9da5
 def _probe_cpu_grouped_mm():
     "Does this PyTorch run bf16 `torch._grouped_mm` (forward and backward) on CPU?"
     if not hasattr(torch, '_grouped_mm'): return False
@@ -245,7 +247,7 @@ def grouped_mm_ok(x):
     "Use `torch._grouped_mm` for activations `x`? (bf16, on CUDA or on a CPU build that supports it)."
     return x.dtype == torch.bfloat16 and hasattr(torch, '_grouped_mm') and (x.is_cuda or CPU_GROUPED_MM)
 
-# %% ../nbs/10_model.ipynb #c7a1925d
+# %% ../nbs/10_model.ipynb #07ebb6f1
 def swiglu(h):
     "SwiGLU on a fused [.., 2F] gate|up projection."
     gate, up = h.chunk(2, -1)
@@ -283,7 +285,7 @@ class SharedExpert(nn.Module):
         self.w_down = nn.Linear(ffn, d_model, bias=False)
     def forward(self, x): return self.w_down(swiglu(self.w_gate_up(x)))
 
-# %% ../nbs/10_model.ipynb #e1f9446b
+# %% ../nbs/10_model.ipynb #8c6e3d35
 def expert_counts(idx, n_experts):
     "Tokens routed to each expert, int64 [E] (scatter_add: no host sync, unlike bincount)."
     flat = idx.flatten()
@@ -298,7 +300,7 @@ def dispatch(experts, x, idx, gates):
     y = y[unsort].view(N, k, -1)                             # back to token order, one row per choice
     return torch.bmm(gates.to(y.dtype)[:, None, :], y).squeeze(1)
 
-# %% ../nbs/10_model.ipynb #62bc8193
+# %% ../nbs/10_model.ipynb #7c3efde0
 class MoE(nn.Module):
     "Sigmoid-routed top-k MoE with bias load balancing, a shared expert and optional token chunking."
     def __init__(self, cfg: ModelConfig):
@@ -352,7 +354,7 @@ class MoE(nn.Module):
             self._buffers['router_bias'] = old.to(self.router_bias.device, torch.float32)
         return self
 
-# %% ../nbs/10_model.ipynb #8ab19ec9
+# %% ../nbs/10_model.ipynb #97978782
 class Block(nn.Module):
     "Pre-norm residual block: attention, then MoE."
     def __init__(self, cfg: ModelConfig, layer_idx=0):
@@ -370,7 +372,7 @@ def lm_loss(hidden, weight, targets, ignore_index=-100):
     logits = F.linear(hidden, weight).float()
     return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=ignore_index)
 
-# %% ../nbs/10_model.ipynb #eaf786a2
+# %% ../nbs/10_model.ipynb #3c364518
 class Transformer(nn.Module):
     "The apex3 MoE transformer: untied embedding, `n_layers` blocks, final norm, LM head."
     def __init__(self, cfg: ModelConfig):
@@ -384,7 +386,7 @@ class Transformer(nn.Module):
 
     def attention_backend(self, device, needs_grad=True):
         "The backend this model will use on `device` (call once at setup to see any fallback warning)."
-        return resolve_backend(self.cfg.attn, device, needs_grad)
+        return resolve_backend(self.cfg.attn, device, needs_grad, whole_rows=self.cfg.max_docs == 1)
 
     def hidden_states(self, tokens, cache=None):
         "Final-norm hidden states [B, S, d] and the summed sequence aux loss (None when off)."
@@ -428,7 +430,7 @@ class Transformer(nn.Module):
         "Tokens routed to each expert of each layer since the last bias update, int64 [L, E]."
         return torch.stack([layer.moe.expert_load for layer in self.layers])
 
-# %% ../nbs/10_model.ipynb #530d18ed
+# %% ../nbs/10_model.ipynb #ac7f5ac4
 def _component(name):
     "The `param_components` row a parameter name belongs to."
     if name.startswith('tok_emb'): return 'embedding'
@@ -446,7 +448,7 @@ def module_param_counts(cfg) -> dict:
     for n, p in m.named_parameters(): out[_component(n)] = out.get(_component(n), 0) + p.numel()
     return out
 
-# %% ../nbs/10_model.ipynb #95a9f7a2
+# %% ../nbs/10_model.ipynb #e1fe6946
 def graph_break_count(cfg, device='cpu', attn=None, dtype=torch.bfloat16, batch=2, whole_model=False):
     "Graph breaks `torch._dynamo.explain` finds in one training forward of a block (or the whole model) of `cfg`."
     torch._dynamo.reset()   # count this trace only, not cached ones
@@ -463,7 +465,7 @@ def graph_break_count(cfg, device='cpu', attn=None, dtype=torch.bfloat16, batch=
         ex = torch._dynamo.explain(model.layers[0])(x, rope, meta)
     return ex.graph_break_count, [str(r.reason) for r in ex.break_reasons]
 
-# %% ../nbs/10_model.ipynb #2ece9fb4
+# %% ../nbs/10_model.ipynb #b1125721
 class KVCache:
     "Preallocated keys and values for every layer; `pos` is the number of positions filled."
     def __init__(self, cfg, batch, max_len, device=None, dtype=torch.float32):
@@ -495,11 +497,11 @@ def generate(model, prompt, max_new_tokens, eos_id=None):
     model.train(was_training)
     return out
 
-# %% ../nbs/10_model.ipynb #dc619665
+# %% ../nbs/10_model.ipynb #a0918291
 from .records import time_fn
 RECORDS_FILE = 'model.jsonl'   # records/model.jsonl: one file, rows told apart by `kind`
 
-# %% ../nbs/10_model.ipynb #080c77f5
+# %% ../nbs/10_model.ipynb #1041a034
 def bench_matmul(n=8192, dtype=torch.bfloat16, repeats=20):
     "Dense n^3 matmul TFLOP/s on this GPU: the ceiling the other numbers are compared with."
     a, b = torch.randn(n, n, device='cuda', dtype=dtype), torch.randn(n, n, device='cuda', dtype=dtype)
@@ -540,7 +542,7 @@ def bench_attention(backends=('sdpa', 'fa3', 'flex', 'varlen'), B=6, S=8192, H=3
         records.append(rec)
     return records
 
-# %% ../nbs/10_model.ipynb #b585e5a2
+# %% ../nbs/10_model.ipynb #5a4bcc18
 def moe_flops(cfg, tokens):
     "Matmul FLOPs of one MoE layer's forward + backward (router, routed experts, shared expert)."
     d = cfg.d_model

@@ -6,7 +6,7 @@
 __all__ = ['GiB', 'pkg_version', 'git', 'provenance', 'project_root', 'records_path', 'append_records', 'load_records',
            'latest_run', 'time_fn', 'attempt', 'device_peak_tflops']
 
-# %% ../nbs/03_records.ipynb #0142f96e
+# %% ../nbs/03_records.ipynb #c37ebbf4
 import datetime, json, os, platform, statistics, subprocess, time
 from importlib.metadata import version, PackageNotFoundError
 from pathlib import Path
@@ -14,16 +14,17 @@ import torch
 
 GiB = 2**30
 
-# %% ../nbs/03_records.ipynb #52b22668
+# %% ../nbs/03_records.ipynb #cc6e6711
 def pkg_version(name):
     "Installed version of a distribution, or None."
     try: return version(name)
     except PackageNotFoundError: return None
 
 def git(*args):
-    "Output of a git command in the current checkout, or None outside one."
-    try: return subprocess.run(['git', *args], capture_output=True, text=True, timeout=10).stdout.strip() or None
+    "Output of a git command in the current checkout, or None outside one (or when git fails)."
+    try: res = subprocess.run(['git', *args], capture_output=True, text=True, timeout=10)
     except Exception: return None
+    return res.stdout.strip() or None if res.returncode == 0 else None
 
 def provenance() -> dict:
     "Where a record came from: commit, versions, device, date."
@@ -36,7 +37,7 @@ def provenance() -> dict:
                 liger_kernel=pkg_version('liger-kernel'), cuda=torch.version.cuda, device=dev,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='microseconds'))
 
-# %% ../nbs/03_records.ipynb #40a16e47
+# %% ../nbs/03_records.ipynb #dd2eb427
 def project_root() -> Path:
     "The checkout apex3 runs from: git's top level, else the folder above the package when it holds pyproject.toml, else here."
     if top := git('rev-parse', '--show-toplevel'): return Path(top)
@@ -69,7 +70,7 @@ def latest_run(recs) -> list:
     last = max((r['date'], r.get('git_commit') or '') for r in recs)
     return [r for r in recs if (r['date'], r.get('git_commit') or '') == last]
 
-# %% ../nbs/03_records.ipynb #61ecd22c
+# %% ../nbs/03_records.ipynb #17bc25a0
 def time_fn(fn, warmup=2, repeats=5, device='cuda') -> dict:
     "Median seconds of `fn()`; on a GPU also peak memory (GiB), absolute and above what was allocated before each call."
     cuda = torch.device(device).type == 'cuda'
@@ -95,7 +96,7 @@ def attempt(fn, strict) -> dict:
         if strict: raise
         return {'status': f'error: {type(e).__name__}: {str(e)[:300]}'}
 
-# %% ../nbs/03_records.ipynb #b512d968
+# %% ../nbs/03_records.ipynb #dd874c95
 def device_peak_tflops(name=None, precision='bf16'):
     "Dense peak TFLOP/s of the named (default: current) GPU from the planner's table; None if unknown."
     from apex3.plan import GPUS

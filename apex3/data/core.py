@@ -86,9 +86,10 @@ class TaskContext:
     rejects: list = field(default_factory=list)
     keep_rejected_text: int = 200
     def reject(self, doc, step, reason, detail=''):
-        "Record a removed document (its id, the step, the reason and the start of its text)."
+        "Record a removed document: its id, the step, the reason and a redacted preview of its text."
+        from apex3.data.redact import redacted_preview  # imported here: redact imports this module
         self.rejects.append(json.dumps({'id': doc.id, 'step': step, 'reason': reason, 'detail': detail,
-                                        'text': doc.text[:self.keep_rejected_text], 'meta': doc.meta}, ensure_ascii=False))
+                                        'text': redacted_preview(doc.text, self.keep_rejected_text), 'meta': doc.meta}, ensure_ascii=False))
 
 # %% ../../nbs/50_data.ipynb #dc432cd4
 class Stage:
@@ -159,18 +160,29 @@ class MapStage(Stage):
 def _pending(stage): return [i for i in range(stage.n_tasks()) if not is_done(stage, i)]
 
 class LocalExecutor:
-    "Run a stage's unfinished tasks on a local process pool (in-process when `workers == 1`)."
-    def __init__(self, workers=1, progress=True): self.workers, self.progress = workers, progress
+    "Run a stage's unfinished tasks on a local process pool (in-process when `workers == 1`), one pool for every stage."
+    def __init__(self, workers=1, progress=True): self.workers, self.progress, self._pool = workers, progress, None
+    def pool(self):
+        "The process pool, started on first use and kept for the next stages."
+        if self._pool is None:
+            import concurrent.futures as cf, multiprocessing as mp
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context('spawn'))
+        return self._pool
+    def close(self):
+        if self._pool is not None: self._pool.shutdown(cancel_futures=True); self._pool = None
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.close()
     def run(self, stage) -> list:
         from tqdm.auto import tqdm
+        import concurrent.futures as cf
         todo = _pending(stage)
         bar = tqdm(total=len(todo), desc=stage.name, disable=not self.progress or not todo, leave=False)
         if self.workers <= 1 or len(todo) <= 1:
             for i in todo: run_task(stage, i); bar.update()
         else:
-            import concurrent.futures as cf, multiprocessing as mp
-            with cf.ProcessPoolExecutor(min(self.workers, len(todo)), mp_context=mp.get_context('spawn')) as ex:
-                for f in cf.as_completed([ex.submit(run_task, stage, i) for i in todo]): f.result(); bar.update()
+            try:
+                for f in cf.as_completed([self.pool().submit(run_task, stage, i) for i in todo]): f.result(); bar.update()
+            except BaseException: self.close(); raise  # a failed task (or a dead worker) must not leave a broken pool behind
         bar.close()
         return [run_task(stage, i) for i in range(stage.n_tasks())]  # all markers exist now: this only reads them
 

@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Iterator
 import zstandard
 from .core import Document, Stage, TaskContext, write_docs, write_jsonl_zst, read_docs
+from .redact import redacted_preview
 
 # %% auto #0
-__all__ = ['DEFAULT_EXCLUDE', 'Rejected', 'open_binary', 'capped_lines', 'looks_binary', 'read_jsonl', 'read_text_file',
+__all__ = ['SAMPLE', 'DEFAULT_EXCLUDE', 'Rejected', 'open_binary', 'capped_lines', 'looks_binary', 'read_jsonl', 'read_text_file',
            'read_parquet', 'Source', 'read_unit', 'IngestStage']
 
 # %% ../../nbs/51_ingest.ipynb #94adc1ca
+SAMPLE = 100 + 4096  # bytes kept of a bad record: a preview of 100, plus room for the redactor to see a secret whole
+
 @dataclass
 class Rejected:
     "A record ingest could not turn into a document, and why."
@@ -26,7 +29,7 @@ class Rejected:
     sample: bytes = b''
     def to_json(self):
         return json.dumps(dict(step='ingest', reason=self.reason, file=self.file, line=self.line,
-                               detail=self.detail, sample=self.sample[:100].decode('utf-8', 'replace')), ensure_ascii=False)
+                               detail=self.detail, sample=redacted_preview(self.sample.decode('utf-8', 'replace'), 100)), ensure_ascii=False)
 
 # %% ../../nbs/51_ingest.ipynb #9c5c3d9e
 class _ZstdRaw(io.RawIOBase):
@@ -78,7 +81,7 @@ def looks_binary(head: bytes) -> bool: return b'\x00' in head[:8192]
 def _decode(raw, file, line):
     "Strict UTF-8 decode, or a Rejected naming the offset."
     try: return raw.decode('utf-8')
-    except UnicodeDecodeError as e: return Rejected('invalid_utf8', file, line, str(e)[:200], raw[:100])
+    except UnicodeDecodeError as e: return Rejected('invalid_utf8', file, line, str(e)[:200], raw[:SAMPLE])
 
 def read_jsonl(path, source, text_key='text', max_line_bytes=8 << 20) -> Iterator:
     "Documents from a JSONL file (plain, .gz or .zst); bad lines and truncated archives become Rejected."
@@ -91,9 +94,9 @@ def read_jsonl(path, source, text_key='text', max_line_bytes=8 << 20) -> Iterato
             s = _decode(raw, path, n)
             if isinstance(s, Rejected): yield s; continue
             try: rec = json.loads(s)
-            except json.JSONDecodeError as e: yield Rejected('broken_json', path, n, str(e), raw[:100]); continue
+            except json.JSONDecodeError as e: yield Rejected('broken_json', path, n, str(e), raw[:SAMPLE]); continue
             if not isinstance(rec, dict) or not isinstance(rec.get(text_key), str):
-                yield Rejected('no_text', path, n, f'no string field {text_key!r}', raw[:100]); continue
+                yield Rejected('no_text', path, n, f'no string field {text_key!r}', raw[:SAMPLE]); continue
             meta = {k: v for k, v in rec.items() if k not in (text_key, 'id')}
             yield Document(str(rec.get('id', f'{source}/{rel}:{n}')), rec[text_key], {'source': source, **meta})
     except (EOFError, OSError, zstandard.ZstdError, gzip.BadGzipFile) as e:
@@ -108,7 +111,7 @@ def read_text_file(path, source, doc_id, meta=None, max_doc_bytes=1 << 20):
         if size > max_doc_bytes: return Rejected('too_large', path, 0, f'{size} > {max_doc_bytes} bytes')
         raw = Path(path).read_bytes()
     except OSError as e: return Rejected('unreadable', path, 0, str(e))
-    if looks_binary(raw): return Rejected('binary', path, 0, '', raw[:100])
+    if looks_binary(raw): return Rejected('binary', path, 0, '', raw[:SAMPLE])
     s = _decode(raw, path, 0)
     return s if isinstance(s, Rejected) else Document(doc_id, s, {'source': source, **(meta or {})})
 

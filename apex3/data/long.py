@@ -10,23 +10,28 @@ from .core import Stage, list_shards, read_docs
 from .tokenize import load_tokenizer, write_token_shard, write_token_meta, EOS
 
 # %% auto #0
-__all__ = ['whole_repos_and_long', 'Long']
+__all__ = ['long_candidates', 'long_token_ids', 'Long']
 
 # %% ../../nbs/58_long.ipynb #c64240b0
-def whole_repos_and_long(docs, tok, min_tokens):
-    "Texts for the long-context source: packed repositories joined across parts, and documents ≥ `min_tokens`."
+def long_candidates(docs, min_tokens) -> list:
+    "(text, is_repo): packed repositories joined across parts, and documents of at least `min_tokens` characters."
     out, cur, cur_repo = [], [], None
     def flush():
-        if cur: out.append(''.join(cur))
+        if cur: out.append((''.join(cur), True))
     for d in docs:
         if d.meta.get('packed'):
             if d.meta['repo'] != cur_repo: flush(); cur, cur_repo = [], d.meta['repo']
             cur.append(d.text if d.meta['part'] == 0 else d.text.removeprefix(f"<repo_name>{d.meta['repo']}"))
-        else: flush(); cur, cur_repo = [], None
-        if d.meta.get('packed'): continue
-        if len(d.text) >= min_tokens and len(tok.encode(d.text).ids) >= min_tokens: out.append(d.text)  # ≥1 char per token
+            continue
+        flush(); cur, cur_repo = [], None
+        if len(d.text) >= min_tokens: out.append((d.text, False))  # a token covers ≥ 1 character
     flush()
     return out
+
+def long_token_ids(cands, tok, min_tokens, eos) -> list:
+    "Encode every candidate once; keep repositories whole and documents of at least `min_tokens` tokens."
+    encs = tok.encode_batch([t for t, _ in cands])
+    return [np.array(e.ids + [eos], np.uint32) for e, (_, repo) in zip(encs, cands) if repo or len(e.ids) >= min_tokens]
 
 class Long(Stage):
     "Gather long documents and whole repositories of the document shards of `src` into token shards under `out`."
@@ -39,8 +44,7 @@ class Long(Stage):
     def run(self, i):
         tok = load_tokenizer(self.tokenizer); eos = tok.token_to_id(EOS)
         docs = list(read_docs(self.shards[i]))
-        texts = whole_repos_and_long(docs, tok, self.min_tokens)
-        ids = [np.array(e.ids + [eos], np.uint32) for e in tok.encode_batch(texts)]
+        ids = long_token_ids(long_candidates(docs, self.min_tokens), tok, self.min_tokens, eos)
         n = write_token_shard(Path(self.out)/self.task_name(i), ids, tok.get_vocab_size())
         write_token_meta(self.out, tok, self.tokenizer)
         return {'docs_in': len(docs), 'bytes_in': sum(d.nbytes for d in docs), 'long/docs': len(ids), 'tokens': n}

@@ -88,11 +88,14 @@ def run_pipeline(cfg, executor=None, log=print) -> list:
     "Run (or resume) every stage; returns every task's marker record, tagged with its stage."
     ex = executor or LocalExecutor(cfg['pipeline'].get('workers', 1))
     recs = []
-    for st in pipeline_stages(cfg):
-        t0 = time.perf_counter(); r = ex.run(st)
-        for x in r: x['stage'] = st.name
-        recs += r
-        log(f'{st.name:<48} {len(r):>3} tasks {time.perf_counter() - t0:7.2f}s')
+    try:
+        for st in pipeline_stages(cfg):
+            t0 = time.perf_counter(); r = ex.run(st)
+            for x in r: x['stage'] = st.name
+            recs += r
+            log(f'{st.name:<48} {len(r):>3} tasks {time.perf_counter() - t0:7.2f}s')
+    finally:
+        if executor is None: ex.close()  # the pool we started (one for all stages)
     Path(cfg['pipeline']['out'], 'markers.json').write_text(json.dumps(recs))
     return recs
 
@@ -142,7 +145,9 @@ def data_main(argv=()):
     stages = dedup_stages(src, Path(out)/'.dedup_work', out) if a.what == 'dedup' else \
              [MapStage(a.what, src, out, [make_step(a.what, {a.what: _set_params(a.set)})])]
     ex = _executor(a)
-    for st in stages: recs = ex.run(st)
+    try:
+        for st in stages: recs = ex.run(st)
+    finally: getattr(ex, 'close', lambda: None)()
     tot = {}
     for r in recs:
         for k, v in r['counts'].items(): tot[k] = tot.get(k, 0) + v

@@ -9,7 +9,7 @@ from .core import Document, Step
 
 # %% auto #0
 __all__ = ['SECRET_PLUGINS', 'PEM_RE', 'EMAIL_RE', 'IPV4_RE', 'IPV6_RE', 'secret_patterns', 'is_public_ip', 'Redact',
-           'fake_secrets']
+           'fake_secrets', 'redacted_preview']
 
 # %% ../../nbs/55_redact.ipynb #beb79219
 SECRET_PLUGINS = ('AWSKeyDetector', 'AzureStorageKeyDetector', 'BasicAuthDetector', 'DiscordBotTokenDetector',
@@ -85,3 +85,15 @@ def fake_secrets(rng) -> dict:
             'PRIVATE_KEY': '-----BEGIN RSA PRIVATE KEY-----\n' + '\n'.join(r(64) for _ in range(4)) + '\n-----END RSA PRIVATE KEY-----',
             'EMAIL': f'{r(6).lower()}.{r(5).lower()}@{r(7).lower()}.com',
             'IP_ADDRESS': f'{rng.choice([23, 34, 52, 81, 151])}.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)}'}
+
+# %% ../../nbs/55_redact.ipynb #da2a5652
+_PREVIEW = None
+
+def redacted_preview(text, n=200, window=4096) -> str:
+    "The first `n` characters of `text` with secrets, emails and public IPs replaced (redacted before cutting)."
+    global _PREVIEW
+    if n <= 0: return ''
+    if _PREVIEW is None: _PREVIEW = Redact(); _PREVIEW.setup(None)
+    from collections import Counter
+    out = _PREVIEW.redact(text[:n + window], Counter())[:n]
+    return out.split('-----BEGIN', 1)[0]  # an unterminated private key: keep nothing of it

@@ -10,7 +10,7 @@ import numpy as np, pandas as pd
 
 # %% auto #0
 __all__ = ['load_markers', 'source_of', 'removals', 'throughput', 'token_stats', 'doc_lengths', 'rates', 'summary', 'plot_run',
-           'load_records']
+           'bench_records', 'plot_compare']
 
 # %% ../../nbs/5c_stats.ipynb #6f15b7a9
 def load_markers(out) -> list:
@@ -33,11 +33,13 @@ def removals(recs) -> pd.DataFrame:
     return df.groupby(['source', 'filter', 'reason'], as_index=False)['docs'].sum().sort_values(['source', 'docs'], ascending=[True, False])
 
 def throughput(recs) -> pd.DataFrame:
-    "Per stage: tasks, documents and MB in, seconds, and documents/s and MB/s per core."
-    rows = [(r['stage'], r['counts'].get('docs_in', 0), r['counts'].get('bytes_in', 0), r['seconds']) for r in recs]
-    df = pd.DataFrame(rows, columns=['stage', 'docs', 'bytes', 'seconds']).groupby('stage', sort=False).agg(
-        tasks=('docs', 'size'), docs=('docs', 'sum'), mb=('bytes', lambda b: b.sum() / 1e6), seconds=('seconds', 'sum'))
-    df['docs_per_s_core'] = df.docs / df.seconds; df['mb_per_s_core'] = df.mb / df.seconds
+    "Per stage: tasks, documents and MB in, wall and CPU seconds, and documents/s and MB/s per core (per CPU second)."
+    rows = [(r['stage'], r['counts'].get('docs_in', 0), r['counts'].get('bytes_in', 0), r['seconds'], r.get('cpu_seconds', r['seconds']))
+            for r in recs]
+    df = pd.DataFrame(rows, columns=['stage', 'docs', 'bytes', 'seconds', 'cpu']).groupby('stage', sort=False).agg(
+        tasks=('docs', 'size'), docs=('docs', 'sum'), mb=('bytes', lambda b: b.sum() / 1e6), seconds=('seconds', 'sum'),
+        cpu_seconds=('cpu', 'sum'))
+    df['docs_per_s_core'] = df.docs / df.cpu_seconds; df['mb_per_s_core'] = df.mb / df.cpu_seconds
     return df.reset_index()
 
 def token_stats(out) -> pd.DataFrame:
@@ -93,5 +95,18 @@ def plot_run(out, recs=None):
     return fig
 
 # %% ../../nbs/5c_stats.ipynb #78a00e30
-def load_records(path='records/data.jsonl') -> pd.DataFrame:
-    return pd.DataFrame([json.loads(l) for l in Path(path).read_text().splitlines() if l.strip()])
+def bench_records(kind='data_compare', path='data.jsonl') -> pd.DataFrame:
+    "The latest run's records of one kind from `records/data.jsonl` (an empty frame when there are none)."
+    from apex3.records import load_records, latest_run
+    return pd.DataFrame(latest_run(load_records(path, kind)))
+
+def plot_compare(df):
+    "apex3 beside datatrove per task: documents/s and MB/s per core, and dedup recall on the planted pairs."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, 3, figsize=(17, 4))
+    for a, col, lab in ((ax[0], 'docs_per_s_core', 'documents/s per core'), (ax[1], 'mb_per_s_core', 'MB/s per core')):
+        df.pivot(index='task', columns='impl', values=col).plot.barh(ax=a, logx=True); a.set_xlabel(lab + ' (log)')
+    dd = df[df.task.str.startswith('dedup:')]
+    dd.pivot(index='task', columns='impl', values='recall').plot.barh(ax=ax[2], xlim=(0, 1.05)); ax[2].set_xlabel('near-duplicate recall')
+    fig.suptitle(f"apex3 vs datatrove {df.datatrove.iloc[0]}, one core, load {df.loadavg_start.iloc[0][0]:.1f}"); fig.tight_layout()
+    return fig

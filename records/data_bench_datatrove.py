@@ -1,0 +1,68 @@
+"""datatrove's side of the data benchmark; run by records/data_bench.py in datatrove's own virtual environment
+(datatrove is not an apex3 dependency). One worker, so every rate is one core's.
+
+usage: DATATROVE_PYTHON records/data_bench_datatrove.py IN OUT
+IN holds `prose/*.jsonl.zst` and `code/*.jsonl.zst` (the shards apex3 reads too). For prose it runs
+C4QualityFilter → GopherRepetitionFilter → GopherQualityFilter → FineWebQualityFilter (apex3's order and
+thresholds); for each source it runs the four MinHash stages (5-grams, 14 buckets × 8 hashes). Every stage
+writes its removals with an exclusion writer (apex3 writes rejects files). Prints one JSON object:
+{task: {seconds, cpu_seconds, docs_in, docs_out, removed_ids}}."""
+import json, shutil, sys, time
+from pathlib import Path
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.pipeline.readers import JsonlReader
+from datatrove.pipeline.writers import JsonlWriter
+from datatrove.pipeline.filters import C4QualityFilter, GopherRepetitionFilter, GopherQualityFilter, FineWebQualityFilter
+from datatrove.pipeline.dedup import MinhashDedupSignature, MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
+from datatrove.pipeline.dedup.minhash import MinhashConfig
+from datatrove.utils.hashing import HashConfig
+from datatrove.utils.word_tokenizers import load_word_tokenizer
+
+def timed(pipeline, logs, tasks=1):
+    "(wall seconds, CPU seconds of this process) of one executor run with one worker."
+    t0, c0 = time.perf_counter(), time.process_time()
+    LocalPipelineExecutor(pipeline, tasks=tasks, workers=1, logging_dir=str(logs), skip_completed=False).run()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+def reader(src): return JsonlReader(str(src), glob_pattern='*.jsonl.zst', compression='zstd', text_key='text', id_key='id')
+def writer(out): return JsonlWriter(str(out), compression='zstd')
+
+def ids_in(folder) -> list:
+    "Document ids in the zstd JSONL files a writer left in `folder`."
+    import io, zstandard
+    out = []
+    for f in sorted(Path(folder).rglob('*.zst')):
+        with open(f, 'rb') as fh, zstandard.ZstdDecompressor().stream_reader(fh) as r:
+            out += [json.loads(l)['id'] for l in io.TextIOWrapper(r, encoding='utf-8') if l.strip()]
+    return out
+
+def clean(src, out):
+    "The prose filter chain, with each filter's removals written to out/removed/<filter>."
+    fs = [C4QualityFilter(exclusion_writer=writer(out/'removed'/'c4'), filter_curly_bracket=False),  # apex3's C4 keeps braces by default
+          GopherRepetitionFilter(exclusion_writer=writer(out/'removed'/'gopher_repetition')),
+          GopherQualityFilter(exclusion_writer=writer(out/'removed'/'gopher_quality')),
+          FineWebQualityFilter(exclusion_writer=writer(out/'removed'/'fineweb'))]
+    s, c = timed([reader(src), *fs, writer(out/'kept')], out/'logs')
+    return dict(seconds=s, cpu_seconds=c, docs_out=len(ids_in(out/'kept')), removed_ids=ids_in(out/'removed'))
+
+def dedup(src, out):
+    "datatrove's four MinHash stages with 64-bit hashes (the bucket stage needs tasks divisible by 14)."
+    cfg = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8, hash_config=HashConfig(precision=64))
+    runs = [([reader(src), MinhashDedupSignature(str(out/'sigs'), config=cfg)], 1),
+            ([MinhashDedupBuckets(str(out/'sigs'), str(out/'buckets'), config=cfg)], cfg.num_buckets),
+            ([MinhashDedupCluster(str(out/'buckets'), str(out/'remove'), config=cfg)], 1),
+            ([reader(src), MinhashDedupFilter(str(out/'remove'), exclusion_writer=writer(out/'removed')), writer(out/'kept')], 1)]
+    times = [timed(p, out/'logs'/f'stage{k + 1}', tasks) for k, (p, tasks) in enumerate(runs)]
+    return dict(seconds=sum(t[0] for t in times), cpu_seconds=sum(t[1] for t in times),
+                stage_seconds=[t[0] for t in times], stage_cpu_seconds=[t[1] for t in times],
+                docs_out=len(ids_in(out/'kept')), removed_ids=ids_in(out/'removed'))
+
+def main(src, out):
+    src, out = Path(src), Path(out)
+    if out.exists(): shutil.rmtree(out)
+    load_word_tokenizer('en')  # warm up: spaCy's tokenizer loads once per process, not per document
+    res = {'clean:prose': clean(src/'prose', out/'clean_prose')}
+    for s in ('prose', 'code'): res[f'dedup:{s}'] = dedup(src/s, out/f'dedup_{s}')
+    print(json.dumps(res))
+
+if __name__ == '__main__': main(*sys.argv[1:3])

@@ -8,14 +8,14 @@ __all__ = ['NS_COEFFS', 'NS_STEPS', 'NS_EPS', 'ADAMW_NAMES', 'DECAYS', 'newton_s
            'param_groups', 'param_group_table', 'model_meta', 'MuonAdamW', 'build_optimizer', 'WSD', 'stdlib_bytes',
            'batches', 'train_losses', 'hidden_matrices', 'bench_muon_C', 'compare_losses_gpu']
 
-# %% ../nbs/30_optim.ipynb #d8e17c42
+# %% ../nbs/30_optim.ipynb #ae8fb60c
 import math, time
 from collections import defaultdict
 from pathlib import Path
 import torch
 from torch import nn
 
-# %% ../nbs/30_optim.ipynb #f2bb4cbd
+# %% ../nbs/30_optim.ipynb #d60d6249
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # Keller Jordan's quintic: maximal slope at zero
 NS_STEPS, NS_EPS = 5, 1e-7
 
@@ -37,7 +37,7 @@ def newton_schulz(G, steps=NS_STEPS, coeffs=NS_COEFFS, eps=NS_EPS):
         X = _addmm(X, B, X, beta=a)           # a*X + B@X
     return X.mT if tall else X
 
-# %% ../nbs/30_optim.ipynb #c3160a79
+# %% ../nbs/30_optim.ipynb #a311e1bb
 def muon_scale(shape, adjust_lr_fn='original'):
     "Update scale for one matrix of `shape` (its last two dims), as in `torch.optim.Muon`."
     m, n = shape[-2:]
@@ -45,7 +45,7 @@ def muon_scale(shape, adjust_lr_fn='original'):
     if adjust_lr_fn == 'match_rms_adamw': return 0.2 * math.sqrt(max(m, n))
     raise ValueError(f'adjust_lr_fn must be "original" or "match_rms_adamw", not {adjust_lr_fn!r}')
 
-# %% ../nbs/30_optim.ipynb #4ee67b80
+# %% ../nbs/30_optim.ipynb #c1a0b9bb
 def shape_buckets(tensors, max_numel=2**28):
     "Lists of indices into `tensors`, same matrix shape per list, at most ~`max_numel` elements each."
     groups = defaultdict(list)
@@ -60,7 +60,7 @@ def shape_buckets(tensors, max_numel=2**28):
         out.append(cur)
     return out
 
-# %% ../nbs/30_optim.ipynb #14957681
+# %% ../nbs/30_optim.ipynb #542bcb5c
 def _blocks(t, k=1):
     "View `t` ([m, n] or [E, m, n]) as the stack of its row blocks, [E*k, m/k, n]."
     m, n = t.shape[-2:]
@@ -76,7 +76,7 @@ def _orthogonalise(updates, row_blocks, ns_steps, coeffs, eps, max_numel):
         for i, o in zip(idx, X.split([parts[i].size(0) for i in idx])): out[i] = o.reshape(updates[i].shape)
     return out
 
-# %% ../nbs/30_optim.ipynb #c2f0b978
+# %% ../nbs/30_optim.ipynb #0432ab23
 @torch.no_grad()
 def muon_update_chunk(master, momentum, grad, *, lr, weight_decay=0.1, mu=0.95, nesterov=True, adjust_lr_fn='original',
                       row_blocks=1, ns_steps=NS_STEPS, coeffs=NS_COEFFS, eps=NS_EPS, max_numel=2**28):
@@ -92,7 +92,7 @@ def muon_update_chunk(master, momentum, grad, *, lr, weight_decay=0.1, mu=0.95, 
         p.mul_(1 - lr * weight_decay)  # decoupled decay uses the unscaled lr, like torch.optim.Muon
         p.add_(o.to(p.dtype), alpha=-lr * muon_scale((p.shape[-2] // k, p.shape[-1]), adjust_lr_fn))
 
-# %% ../nbs/30_optim.ipynb #bdff0767
+# %% ../nbs/30_optim.ipynb #9261a8c2
 @torch.no_grad()
 def muon_step_offloaded(host_master, host_momentum, grad, device, **kw):
     "Stream one chunk of host-resident masters/momenta through `device`, Muon-update it, write it back."
@@ -102,7 +102,7 @@ def muon_step_offloaded(host_master, host_momentum, grad, device, **kw):
     for h, d in zip(host_master + host_momentum, dm + db): h.copy_(d, non_blocking=True)
     if torch.device(device).type == 'cuda': torch.cuda.current_stream(device).synchronize()
 
-# %% ../nbs/30_optim.ipynb #0b033245
+# %% ../nbs/30_optim.ipynb #bd1577e7
 class Muon(torch.optim.Optimizer):
     "Muon for 2-D and stacked 3-D parameters; same-shape matrices are orthogonalised as one batch."
     def __init__(self, params, lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, adjust_lr_fn='original',
@@ -130,7 +130,7 @@ def muon_group_kwargs(g):
                 adjust_lr_fn=g['adjust_lr_fn'], row_blocks=g['row_blocks'], ns_steps=g['ns_steps'],
                 coeffs=g['ns_coefficients'], eps=g['eps'], max_numel=g['max_numel'])
 
-# %% ../nbs/30_optim.ipynb #205b473f
+# %% ../nbs/30_optim.ipynb #c4fad2ba
 def matrix_views(w, row_blocks=1):
     "One 2-D leaf parameter per matrix (per expert, per row block) sharing `w`'s storage and gradient."
     if w.ndim == 2 and row_blocks == 1: return [w]
@@ -139,7 +139,7 @@ def matrix_views(w, row_blocks=1):
         for v, g in zip(vs, _blocks(w.grad, row_blocks)): v.grad = g
     return vs
 
-# %% ../nbs/30_optim.ipynb #487d4f87
+# %% ../nbs/30_optim.ipynb #a73d1fbf
 ADAMW_NAMES = ('tok_emb.', 'lm_head.', '.router.')  # matrices that are not hidden linear maps
 
 def param_group_of(name, p):
@@ -156,7 +156,7 @@ def param_groups(model):
         if p.requires_grad: out[param_group_of(n, p)].append((n, p))
     return out
 
-# %% ../nbs/30_optim.ipynb #c986cef3
+# %% ../nbs/30_optim.ipynb #35149be5
 def _role(name): return '.'.join('{i}' if s.isdigit() else s for s in name.split('.'))
 
 def param_group_table(model):
@@ -168,14 +168,14 @@ def param_group_table(model):
     t = df.groupby(['group', 'name', 'shape'], sort=False).agg(tensors=('numel', 'size'), params=('numel', 'sum'))
     return t.reset_index()
 
-# %% ../nbs/30_optim.ipynb #b00faaef
+# %% ../nbs/30_optim.ipynb #9c7c7143
 def model_meta(name='C', **overrides):
     "The apex3 model for config `name` on the meta device (shapes only, no memory)."
     from apex3.config import get_config
     from apex3.model import Transformer
     with torch.device('meta'): return Transformer(get_config(name, [f'{k}={v}' for k, v in overrides.items()]))
 
-# %% ../nbs/30_optim.ipynb #8bc12a1d
+# %% ../nbs/30_optim.ipynb #829734d0
 class MuonAdamW:
     "Muon for hidden matrices plus AdamW for the rest, behaving as one optimizer."
     def __init__(self, muon, adamw): self.muon, self.adamw = muon, adamw
@@ -197,15 +197,16 @@ class MuonAdamW:
         "Set every group's lr to `f` times its `base_lr` (the schedule's hook)."
         for g in self.param_groups: g['lr'] = g['base_lr'] * f
 
-# %% ../nbs/30_optim.ipynb #8532ae8c
+# %% ../nbs/30_optim.ipynb #c5f2af6b
 def _muon_groups(named, split_gate_up):
     "Muon param groups: fused gate/up matrices (orthogonalised per half when split) apart from the rest."
-    fused = [p for n, p in named if split_gate_up and n.endswith('w_gate_up')]
-    rest = [p for n, p in named if not (split_gate_up and n.endswith('w_gate_up'))]
+    is_fused = lambda n: split_gate_up and n.endswith(('w_gate_up', 'w_gate_up.weight'))  # experts; the shared linear
+    fused = [p for n, p in named if is_fused(n)]
+    rest = [p for n, p in named if not is_fused(n)]
     return [g for g in (dict(params=rest), dict(params=fused, row_blocks=2)) if g['params']]
 
 def build_optimizer(model, lr=3e-4, muon_lr=None, weight_decay=0.1, adjust_lr_fn='match_rms_adamw', momentum=0.95,
-                    betas=(0.9, 0.95), eps=1e-8, use_muon=True, split_gate_up=False):
+                    betas=(0.9, 0.95), eps=1e-8, use_muon=True, split_gate_up=True):
     "Muon+AdamW over `param_groups(model)`; `use_muon=False` gives AdamW alone (the baseline)."
     if muon_lr is None: muon_lr = lr if adjust_lr_fn == 'match_rms_adamw' else 0.02
     g = param_groups(model)
@@ -219,7 +220,7 @@ def build_optimizer(model, lr=3e-4, muon_lr=None, weight_decay=0.1, adjust_lr_fn
     for grp in opt.param_groups: grp['base_lr'] = grp['lr']
     return opt
 
-# %% ../nbs/30_optim.ipynb #35e2ff1b
+# %% ../nbs/30_optim.ipynb #4567cf06
 DECAYS = {'linear': lambda p: 1 - p,
           'cosine': lambda p: 0.5 * (1 + math.cos(math.pi * p)),
           '1-sqrt': lambda p: 1 - math.sqrt(p)}
@@ -242,7 +243,7 @@ class WSD:
 
     def done(self, tokens): return tokens >= self.stop
 
-# %% ../nbs/30_optim.ipynb #09625dd8
+# %% ../nbs/30_optim.ipynb #d419f893
 def stdlib_bytes(n_bytes, seed=0):
     "A fixed byte stream (int64 tensor) from the Python standard library's source: offline LM data."
     import sysconfig, random
@@ -262,7 +263,7 @@ def batches(data, batch, seq, steps, seed=0):
         w = torch.stack([data[j:j + seq + 1] for j in i.tolist()])
         yield w[:, :-1], w[:, 1:]
 
-# %% ../nbs/30_optim.ipynb #024dbe85
+# %% ../nbs/30_optim.ipynb #b90a51be
 def train_losses(config, data, *, use_muon, steps=100, batch=8, seq=64, lr=3e-3, seed=0, device='cpu',
                  warmup_frac=0.1, decay_frac=0.2, amp=False):
     "Train a fresh model of `config` for `steps` under WSD; return the per-step training losses."
@@ -284,7 +285,7 @@ def train_losses(config, data, *, use_muon, steps=100, batch=8, seq=64, lr=3e-3,
         losses.append(loss.item())
     return losses
 
-# %% ../nbs/30_optim.ipynb #1ac816bb
+# %% ../nbs/30_optim.ipynb #e5488877
 def hidden_matrices(n_layers=1, device='cuda', dtype=torch.float32):
     "Config C's Muon parameters (name, tensor) for `n_layers` layers, allocated for real, with random gradients."
     out = []
@@ -303,7 +304,7 @@ def _bench_pair(named, split, warmup, repeats, device='cuda', **kw):
     t = lambda f: time_fn(f, warmup, repeats, device=device)['seconds']
     return t(ours.step), t(ref.step), len(views)
 
-# %% ../nbs/30_optim.ipynb #7584f5aa
+# %% ../nbs/30_optim.ipynb #98637fdb
 def bench_muon_C(n_layers=(1, 2, 4), splits=(True, False), warmup=3, repeats=10, record=True, **muon_kw):
     "Time our Muon vs torch.optim.Muon (experts as views) on C's hidden matrices; append a record."
     from apex3.records import append_records
@@ -326,7 +327,7 @@ def bench_muon_C(n_layers=(1, 2, 4), splits=(True, False), warmup=3, repeats=10,
     if record: append_records([rec], 'optim.jsonl')  # adds provenance: commit, versions, device, date
     return rec
 
-# %% ../nbs/30_optim.ipynb #4752f6c4
+# %% ../nbs/30_optim.ipynb #613ba041
 def compare_losses_gpu(config='small', lrs=(1e-3, 3e-3), steps=300, batch=32, seq=256, record=True):
     "Muon+AdamW vs AdamW on `config`, same bytes/seed/schedule, per peak lr; append a record."
     from apex3.records import append_records

@@ -4,11 +4,10 @@
 
 # %% auto #0
 __all__ = ['log', 'add_run_flags', 'bench_parser', 'run_config', 'micro_flops', 'apply_recompute', 'compile_blocks', 'mark_gemms',
-           'Run', 'micro_step', 'optimizer_step', 'random_tokens', 'measure_link', 'bench', 'dataclass_dict',
-           'bench_main']
+           'Run', 'micro_step', 'optimizer_step', 'random_tokens', 'measure_link', 'bench', 'bench_main']
 
-# %% ../nbs/25_bench.ipynb #389c7c88
-import argparse, functools, json, logging, math, os, statistics, sys, time
+# %% ../nbs/25_bench.ipynb #3c14e051
+import contextlib, dataclasses, functools, logging, math, statistics, sys, time
 import torch, torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 from .cli import ArgParser, UsageError
@@ -17,7 +16,7 @@ from .records import append_records, device_peak_tflops, GiB
 
 log = logging.getLogger('apex3.bench')
 
-# %% ../nbs/25_bench.ipynb #41d92271
+# %% ../nbs/25_bench.ipynb #b31d1f0e
 def add_run_flags(p):
     "The model and runtime flags shared by `apex3.bench` and `apex3.train`."
     p.add_argument('--config', default='tiny', help='model config: tiny, small, medium, C')
@@ -51,7 +50,7 @@ def bench_parser():
     p.add_argument('--json', help='append the record to this JSONL file')
     return p
 
-# %% ../nbs/25_bench.ipynb #4c4843ce
+# %% ../nbs/25_bench.ipynb #ac704a65
 def run_config(a):
     "The model config of the flags: `--config`, `--set`, and the flags that are config fields."
     extra = [f'{k}={v}' for k, v in (('attn', a.attn), ('moe_chunk', a.moe_chunk), ('seq_len', a.seq_len)) if v is not None]
@@ -62,7 +61,7 @@ def micro_flops(cfg, micro_bs):
     n = param_counts(cfg)
     return (6 * n['active_matmul'] + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.seq_len) * micro_bs * cfg.seq_len
 
-# %% ../nbs/25_bench.ipynb #c5a23966
+# %% ../nbs/25_bench.ipynb #13ef4c43
 def _checkpointed(fn):
     "`fn` recomputed in the backward pass instead of keeping its activations."
     @functools.wraps(fn)
@@ -86,7 +85,7 @@ def mark_gemms(model):
     for m in model.modules():
         if isinstance(m, Experts): m._apex3_gemm = True
 
-# %% ../nbs/25_bench.ipynb #87c96923
+# %% ../nbs/25_bench.ipynb #70df8a03
 class Run:
     "A model, its optimizer and its offload machinery, built from the flags."
     def __init__(self, a):
@@ -117,9 +116,7 @@ class Run:
 def _device_memory(device):
     return torch.cuda.get_device_properties(device).total_memory if device.type == 'cuda' else 16 * GiB
 
-# %% ../nbs/25_bench.ipynb #bf62b31d
-import contextlib
-
+# %% ../nbs/25_bench.ipynb #cfd2280f
 def _act_scope(run):
     if run.act is None or run.a.gemm_offload == 'hooks': return contextlib.nullcontext()
     return run.act.hooks()
@@ -141,7 +138,7 @@ def random_tokens(cfg, micro_bs, gen, device):
     "Random ids below the EOS id: every row is one document."
     return torch.randint(0, cfg.eos_id, (micro_bs, cfg.seq_len + 1), generator=gen).to(device, non_blocking=True)
 
-# %% ../nbs/25_bench.ipynb #7fd688cb
+# %% ../nbs/25_bench.ipynb #2d87b064
 def measure_link(nbytes=2**30, repeats=3):
     "Pinned host→device and device→host GB/s, best of `repeats` (None without CUDA)."
     if not torch.cuda.is_available(): return dict(h2d_gbs=None, d2h_gbs=None)
@@ -154,7 +151,7 @@ def measure_link(nbytes=2**30, repeats=3):
         return nbytes / best / 1e9
     return dict(h2d_gbs=round(rate(dev, host), 1), d2h_gbs=round(rate(host, dev), 1))
 
-# %% ../nbs/25_bench.ipynb #a0bca1b6
+# %% ../nbs/25_bench.ipynb #f654d44c
 def _sync(device):
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
@@ -177,7 +174,7 @@ def bench(a) -> dict:
     act = run.act.stats() if run.act else {}
     opt_pool = run.opt.pool.stats() if a.offload else {}
     step_s = statistics.median(step_times)
-    return dict(kind='bench', config=cfg.name, flags=vars(a), cfg=dataclass_dict(cfg), precision_used=run.precision,
+    return dict(kind='bench', config=cfg.name, flags=vars(a), cfg=dataclasses.asdict(cfg), precision_used=run.precision,
                 micro_s_median=statistics.median(micro_times), step_s_median=step_s,
                 tokens_per_s=a.accum * a.micro_bs * cfg.seq_len / step_s,
                 mfu_at_batch=a.accum * flops / step_s / (peak * 1e12) if peak else None,
@@ -189,11 +186,7 @@ def bench(a) -> dict:
                 router_max_mean=loads.max().item(), loss_first=losses[0], loss_last=losses[-1],
                 params=param_counts(cfg)['total'], **link)
 
-def dataclass_dict(cfg):
-    import dataclasses
-    return dataclasses.asdict(cfg)
-
-# %% ../nbs/25_bench.ipynb #99ca70f1
+# %% ../nbs/25_bench.ipynb #70e9b180
 def bench_main(argv=None):
     "`apex3 bench` / `python -m apex3.bench`: run the benchmark, print the record, append it to --json."
     a = bench_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -204,7 +197,7 @@ def bench_main(argv=None):
     if a.json: print(f'appended to {append_records([rec], a.json)}')
     return 0
 
-# %% ../nbs/25_bench.ipynb #f19a9d22
+# %% ../nbs/25_bench.ipynb #6705bd52
 if __name__ == '__main__' and not hasattr(sys, 'ps1') and 'ipykernel' not in sys.modules:
     try: sys.exit(bench_main())
     except UsageError as e: print(f'apex3 bench: error: {e}', file=sys.stderr); sys.exit(2)

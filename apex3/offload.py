@@ -6,16 +6,16 @@
 __all__ = ['log', 'GiB', 'host_available_bytes', 'PinnedPool', 'accum_kernel', 'accumulate_', 'dense', 'ActivationOffload',
            'is_gemm_module', 'gemm_offload_hooks', 'OffloadOptimizer']
 
-# %% ../nbs/20_offload.ipynb #1e9e353f
-import logging, os, threading, weakref
+# %% ../nbs/20_offload.ipynb #3f9068a4
+import contextlib, logging, os, threading, weakref
 from collections import defaultdict
-import torch
+import torch, torch.nn as nn
 from .cli import UsageError
 
 log = logging.getLogger('apex3.offload')
 GiB = 2**30
 
-# %% ../nbs/20_offload.ipynb #2fd0f282
+# %% ../nbs/20_offload.ipynb #68be0f5f
 def host_available_bytes() -> int:
     "Bytes of host memory available now (MemAvailable), or physical memory where /proc is absent."
     try:
@@ -25,7 +25,7 @@ def host_available_bytes() -> int:
     except OSError: pass
     return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
-# %% ../nbs/20_offload.ipynb #80988cbb
+# %% ../nbs/20_offload.ipynb #d30267e8
 class PinnedPool:
     "Bounded page-locked host memory with size-keyed reuse; what does not fit is counted as overflow."
     def __init__(self, budget_bytes, pin=None, available=None):
@@ -61,7 +61,7 @@ class PinnedPool:
         return dict(host_pinned_gib=self.reserved / GiB, host_in_use_gib=self.in_use / GiB,
                     host_peak_gib=self.peak / GiB, overflow_gib=self.overflow / GiB, overflows=self.overflows)
 
-# %% ../nbs/20_offload.ipynb #1719e3f1
+# %% ../nbs/20_offload.ipynb #28719089
 _ACCUM_SRC = r'''
 #include <torch/extension.h>
 #include <cstring>
@@ -105,7 +105,7 @@ def accumulate_(acc, src, impl='kernel'):
     else: acc.add_(src.float())
     return acc
 
-# %% ../nbs/20_offload.ipynb #bd854d52
+# %% ../nbs/20_offload.ipynb #8e2b7627
 class _Offloaded:
     "A saved tensor waiting on the host, in a buffer with the tensor's own strides."
     __slots__ = ('flat', 'host', 'device', 'ready', 'back', 'back_ready')
@@ -116,7 +116,7 @@ def dense(t):
     "Whether `t` covers its memory exactly once (any permutation of a contiguous tensor): then it can keep its strides on the host."
     return t.numel() > 0 and 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) == t.numel()
 
-# %% ../nbs/20_offload.ipynb #75d29e15
+# %% ../nbs/20_offload.ipynb #38c4fd54
 class ActivationOffload:
     "Saved-tensor hooks that keep chosen activations in a `PinnedPool` between forward and backward."
     def __init__(self, pool, max_tensors=None, keep_bytes=None, min_bytes=2**16, params=(), prefetch=2):
@@ -143,7 +143,7 @@ class ActivationOffload:
     def stats(self):
         return dict(offloaded_tensors=self.tensors, offloaded_gib=self.bytes / GiB, kept_gib=self.kept / GiB, **self.pool.stats())
 
-# %% ../nbs/20_offload.ipynb #cf68ef7e
+# %% ../nbs/20_offload.ipynb #88c25965
 def _pack(self, t):
     n = t.numel() * t.element_size()
     if n < self.min_bytes or t.data_ptr() in self.param_ptrs or not dense(t): return t
@@ -166,7 +166,7 @@ def _pack(self, t):
 
 ActivationOffload.pack = _pack
 
-# %% ../nbs/20_offload.ipynb #f3d6d551
+# %% ../nbs/20_offload.ipynb #deddd4d8
 def _fetch(self, h):
     "Start copying `h` back to its device (once)."
     if h.back is not None: return
@@ -190,7 +190,7 @@ def _unpack(self, h):
 
 ActivationOffload._fetch, ActivationOffload.unpack = _fetch, _unpack
 
-# %% ../nbs/20_offload.ipynb #1e7119d3
+# %% ../nbs/20_offload.ipynb #edfda1d7
 def _hooks(self): return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 ActivationOffload.hooks = _hooks
 
@@ -203,15 +203,12 @@ def gemm_offload_hooks(model, offload):
     gemms = [m for m in model.modules() if is_gemm_module(m)]
     return [h for m in gemms for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
 
-# %% ../nbs/20_offload.ipynb #fe447d1e
-import torch.nn as nn
-
-# %% ../nbs/20_offload.ipynb #6e89a433
+# %% ../nbs/20_offload.ipynb #8c938a92
 from concurrent.futures import ThreadPoolExecutor
 import torch.optim.adamw as _adamw
 from .optim import build_optimizer, muon_update_chunk, muon_group_kwargs
 
-# %% ../nbs/20_offload.ipynb #6dbca8e8
+# %% ../nbs/20_offload.ipynb #8adb5da4
 class _Slot:
     "One parameter's host-side life: FP32 master, optimizer state, gradient accumulator."
     def __init__(self, p, group, alloc):
@@ -224,7 +221,7 @@ class _Slot:
     @property
     def nbytes(self): return self.master.numel() * 4
 
-# %% ../nbs/20_offload.ipynb #4a3cc238
+# %% ../nbs/20_offload.ipynb #f84dc1cc
 class OffloadOptimizer:
     "Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU."
     def __init__(self, model, accum='cpu', pool=None, chunk_bytes=512 * 2**20, **opt_kwargs):
@@ -255,7 +252,7 @@ class OffloadOptimizer:
 
     def set_lr_factor(self, f): self.reference.set_lr_factor(f)
 
-# %% ../nbs/20_offload.ipynb #7b054fb4
+# %% ../nbs/20_offload.ipynb #d7eb75d6
 def _grad_hook(self, s):
     def hook(p):
         g, p.grad = p.grad, None  # the GPU copy is freed as soon as it is on its way
@@ -284,7 +281,7 @@ def _wait(self):
 
 OffloadOptimizer._grad_hook, OffloadOptimizer._add, OffloadOptimizer.wait = _grad_hook, _add, _wait
 
-# %% ../nbs/20_offload.ipynb #b2da89f6
+# %% ../nbs/20_offload.ipynb #ded660b0
 def _chunks(self):
     "Slots grouped by optimizer group, cut into chunks of about `chunk_bytes`."
     out = []
@@ -308,7 +305,7 @@ def _update(chunk, m, st, gr):
 
 OffloadOptimizer._chunks = _chunks
 
-# %% ../nbs/20_offload.ipynb #d6fb660a
+# %% ../nbs/20_offload.ipynb #97731021
 @torch.no_grad()
 def _step(self):
     "One optimizer step over every parameter that received a gradient, streamed chunk by chunk."
@@ -342,7 +339,7 @@ def _zero_grad(self, set_to_none=True):
 
 OffloadOptimizer.step, OffloadOptimizer.zero_grad = _step, _zero_grad
 
-# %% ../nbs/20_offload.ipynb #d95d8d08
+# %% ../nbs/20_offload.ipynb #5e11d302
 def _state_dict(self):
     "Group hyperparameters and every parameter's FP32 master, optimizer state and step (host tensors)."
     self.wait()
@@ -359,6 +356,3 @@ def _load_state_dict(self, sd):
         s.p.copy_(s.master)  # the working weights follow the masters
 
 OffloadOptimizer.state_dict, OffloadOptimizer.load_state_dict = _state_dict, _load_state_dict
-
-# %% ../nbs/20_offload.ipynb #ec1fd3d3
-import contextlib

@@ -13,6 +13,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.bench.bench_main': ('bench.html#bench_main', 'apex3/bench.py'),
                              'apex3.bench.bench_parser': ('bench.html#bench_parser', 'apex3/bench.py'),
                              'apex3.bench.compile_blocks': ('bench.html#compile_blocks', 'apex3/bench.py'),
+                             'apex3.bench.main': ('bench.html#main', 'apex3/bench.py'),
                              'apex3.bench.mark_gemms': ('bench.html#mark_gemms', 'apex3/bench.py'),
                              'apex3.bench.measure_link': ('bench.html#measure_link', 'apex3/bench.py'),
                              'apex3.bench.micro_flops': ('bench.html#micro_flops', 'apex3/bench.py'),

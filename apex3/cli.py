@@ -5,10 +5,10 @@
 # %% auto #0
 __all__ = ['COMMANDS', 'HEADLINE', 'UsageError', 'ArgParser', 'main', 'run_cli', 'demo_main']
 
-# %% ../nbs/01_cli.ipynb #a52f321c
+# %% ../nbs/01_cli.ipynb #8901ecfe
 import argparse, contextlib, importlib, io, re, sys
 
-# %% ../nbs/01_cli.ipynb #89369086
+# %% ../nbs/01_cli.ipynb #31fae5a1
 class UsageError(ValueError):
     "Bad input from the user: reported as one line on stderr with exit status 2."
 
@@ -19,16 +19,17 @@ class ArgParser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r'^-\.?\d')  # `--tokens -5T` is a (bad) value, not a flag
     def error(self, message): raise UsageError(message)
 
-# %% ../nbs/01_cli.ipynb #3fa4706b
+# %% ../nbs/01_cli.ipynb #b41f9dc6
 COMMANDS = {
     'plan': ('apex3.plan:plan_main', 'plan a training run: GPUs, layout, memory, days, serving'),
     'gpus': ('apex3.plan:gpus_main', 'list the GPUs the planner knows, with the source of every figure'),
     'bench': ('apex3.bench:bench_main', 'time training steps on random tokens (the step-10 benchmark) and append a record'),
     'data': ('apex3.data.pipeline:data_main', 'run the data pipeline (run CONFIG | demo | corpus) or one stage'),
-    'demo': ('apex3.cli:demo_main', "the README's main job: the headline plan and its plots, then the embedded corpus through the data pipeline"),
+    'train': ('apex3.train:train_main', 'train a model on token shards (resumable; torchrun for several GPUs)'),
+    'demo': ('apex3.cli:demo_main', "the README's main job: the headline plan and its plots, the embedded corpus through the data pipeline, then a tiny model trained on it"),
 }
 
-# %% ../nbs/01_cli.ipynb #a11582e4
+# %% ../nbs/01_cli.ipynb #d74ade60
 def _load(target):
     "Import the function named by a `module:function` string."
     mod, fn = target.split(':')
@@ -38,7 +39,7 @@ def _usage():
     rows = '\n'.join(f'  {k:<8}{doc}' for k, (_, doc) in COMMANDS.items())
     return f'usage: apex3 COMMAND [ARGS]\n\ncommands:\n{rows}\n\n`apex3 COMMAND --help` describes one.'
 
-# %% ../nbs/01_cli.ipynb #54c88a74
+# %% ../nbs/01_cli.ipynb #a7103e5e
 def main(argv=None):
     "Entry point of the `apex3` console script."
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -53,14 +54,14 @@ def main(argv=None):
         print(f'apex3 {name}: error: {e}', file=sys.stderr)
         return 2
 
-# %% ../nbs/01_cli.ipynb #d6c102fb
+# %% ../nbs/01_cli.ipynb #8ede2ef2
 def run_cli(*args):
     "Run `apex3 *args` in-process; return (exit status, stdout, stderr)."
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): rc = main([str(a) for a in args])
     return rc, out.getvalue(), err.getvalue()
 
-# %% ../nbs/01_cli.ipynb #d46eb2bf
+# %% ../nbs/01_cli.ipynb #f204c798
 HEADLINE = dict(params='1T', active='32B', tokens='15T', precision='fp8')
 
 def demo_main(argv=()):
@@ -68,6 +69,7 @@ def demo_main(argv=()):
     p = ArgParser(prog='apex3 demo', description=COMMANDS['demo'][1])
     p.add_argument('--out', default='apex3-demo', help='folder for the plots and the data (default: %(default)s)')
     p.add_argument('--max-files', type=int, help='only the first N library files of the embedded corpus')
+    p.add_argument('--minutes', type=float, default=2, help='how long to train the tiny model (default: %(default)s)')
     a = p.parse_args(argv)
     from pathlib import Path
     from apex3.plan import plan
@@ -75,5 +77,11 @@ def demo_main(argv=()):
     result = plan(**HEADLINE)
     print(f'$ apex3 plan 1T --active 32B --tokens 15T --precision fp8\n{result}\n')
     for f in save_plan_figures(result, a.out): print(f'wrote {f}')
-    print(f'\n$ apex3 data demo {Path(a.out) / "data"}')
-    return main(['data', 'demo', str(Path(a.out) / 'data'), *([f'--max-files={a.max_files}'] if a.max_files else [])])
+    out = Path(a.out)
+    print(f'\n$ apex3 data demo {out / "data"}')
+    rc = main(['data', 'demo', str(out / 'data'), *([f'--max-files={a.max_files}'] if a.max_files else [])])
+    if rc: return rc
+    from apex3.train import demo_train
+    print(f'\ntraining the tiny model on {out / "data"} for about {a.minutes:g} minutes')
+    print(demo_train(out / 'train', out / 'data', minutes=a.minutes))
+    return 0

@@ -6,7 +6,7 @@
 __all__ = ['log', 'GiB', 'host_available_bytes', 'PinnedPool', 'accum_kernel', 'accumulate_', 'dense', 'ActivationOffload',
            'is_gemm_module', 'gemm_offload_hooks', 'OffloadOptimizer']
 
-# %% ../nbs/20_offload.ipynb #3f9068a4
+# %% ../nbs/20_offload.ipynb #7142fb00
 import contextlib, logging, os, threading, weakref
 from collections import defaultdict
 import torch, torch.nn as nn
@@ -15,7 +15,7 @@ from .cli import UsageError
 log = logging.getLogger('apex3.offload')
 GiB = 2**30
 
-# %% ../nbs/20_offload.ipynb #68be0f5f
+# %% ../nbs/20_offload.ipynb #7e85970c
 def host_available_bytes() -> int:
     "Bytes of host memory available now (MemAvailable), or physical memory where /proc is absent."
     try:
@@ -25,7 +25,7 @@ def host_available_bytes() -> int:
     except OSError: pass
     return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
-# %% ../nbs/20_offload.ipynb #d30267e8
+# %% ../nbs/20_offload.ipynb #43a1cb86
 class PinnedPool:
     "Bounded page-locked host memory with size-keyed reuse; what does not fit is counted as overflow."
     def __init__(self, budget_bytes, pin=None, available=None):
@@ -61,7 +61,7 @@ class PinnedPool:
         return dict(host_pinned_gib=self.reserved / GiB, host_in_use_gib=self.in_use / GiB,
                     host_peak_gib=self.peak / GiB, overflow_gib=self.overflow / GiB, overflows=self.overflows)
 
-# %% ../nbs/20_offload.ipynb #28719089
+# %% ../nbs/20_offload.ipynb #e238a458
 _ACCUM_SRC = r'''
 #include <torch/extension.h>
 #include <cstring>
@@ -105,7 +105,7 @@ def accumulate_(acc, src, impl='kernel'):
     else: acc.add_(src.float())
     return acc
 
-# %% ../nbs/20_offload.ipynb #8e2b7627
+# %% ../nbs/20_offload.ipynb #87a8ba33
 class _Offloaded:
     "A saved tensor waiting on the host, in a buffer with the tensor's own strides."
     __slots__ = ('flat', 'host', 'device', 'ready', 'back', 'back_ready')
@@ -116,7 +116,7 @@ def dense(t):
     "Whether `t` covers its memory exactly once (any permutation of a contiguous tensor): then it can keep its strides on the host."
     return t.numel() > 0 and 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) == t.numel()
 
-# %% ../nbs/20_offload.ipynb #38c4fd54
+# %% ../nbs/20_offload.ipynb #44c9a5bb
 class ActivationOffload:
     "Saved-tensor hooks that keep chosen activations in a `PinnedPool` between forward and backward."
     def __init__(self, pool, max_tensors=None, keep_bytes=None, min_bytes=2**16, params=(), prefetch=2):
@@ -143,7 +143,7 @@ class ActivationOffload:
     def stats(self):
         return dict(offloaded_tensors=self.tensors, offloaded_gib=self.bytes / GiB, kept_gib=self.kept / GiB, **self.pool.stats())
 
-# %% ../nbs/20_offload.ipynb #88c25965
+# %% ../nbs/20_offload.ipynb #618c8f2c
 def _pack(self, t):
     n = t.numel() * t.element_size()
     if n < self.min_bytes or t.data_ptr() in self.param_ptrs or not dense(t): return t
@@ -166,7 +166,7 @@ def _pack(self, t):
 
 ActivationOffload.pack = _pack
 
-# %% ../nbs/20_offload.ipynb #deddd4d8
+# %% ../nbs/20_offload.ipynb #fe99f436
 def _fetch(self, h):
     "Start copying `h` back to its device (once)."
     if h.back is not None: return
@@ -190,7 +190,7 @@ def _unpack(self, h):
 
 ActivationOffload._fetch, ActivationOffload.unpack = _fetch, _unpack
 
-# %% ../nbs/20_offload.ipynb #edfda1d7
+# %% ../nbs/20_offload.ipynb #ca387c98
 def _hooks(self): return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 ActivationOffload.hooks = _hooks
 
@@ -203,12 +203,12 @@ def gemm_offload_hooks(model, offload):
     gemms = [m for m in model.modules() if is_gemm_module(m)]
     return [h for m in gemms for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
 
-# %% ../nbs/20_offload.ipynb #8c938a92
+# %% ../nbs/20_offload.ipynb #7cbc1399
 from concurrent.futures import ThreadPoolExecutor
 import torch.optim.adamw as _adamw
 from .optim import build_optimizer, muon_update_chunk, muon_group_kwargs
 
-# %% ../nbs/20_offload.ipynb #8adb5da4
+# %% ../nbs/20_offload.ipynb #5a3295eb
 class _Slot:
     "One parameter's host-side life: FP32 master, optimizer state, gradient accumulator."
     def __init__(self, p, group, alloc):
@@ -221,7 +221,7 @@ class _Slot:
     @property
     def nbytes(self): return self.master.numel() * 4
 
-# %% ../nbs/20_offload.ipynb #f84dc1cc
+# %% ../nbs/20_offload.ipynb #8717b0d4
 class OffloadOptimizer:
     "Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU."
     def __init__(self, model, accum='cpu', pool=None, chunk_bytes=512 * 2**20, **opt_kwargs):
@@ -252,7 +252,7 @@ class OffloadOptimizer:
 
     def set_lr_factor(self, f): self.reference.set_lr_factor(f)
 
-# %% ../nbs/20_offload.ipynb #d7eb75d6
+# %% ../nbs/20_offload.ipynb #cdcbce9e
 def _grad_hook(self, s):
     def hook(p):
         g, p.grad = p.grad, None  # the GPU copy is freed as soon as it is on its way
@@ -281,7 +281,7 @@ def _wait(self):
 
 OffloadOptimizer._grad_hook, OffloadOptimizer._add, OffloadOptimizer.wait = _grad_hook, _add, _wait
 
-# %% ../nbs/20_offload.ipynb #ded660b0
+# %% ../nbs/20_offload.ipynb #8894ecce
 def _chunks(self):
     "Slots grouped by optimizer group, cut into chunks of about `chunk_bytes`."
     out = []
@@ -305,7 +305,7 @@ def _update(chunk, m, st, gr):
 
 OffloadOptimizer._chunks = _chunks
 
-# %% ../nbs/20_offload.ipynb #97731021
+# %% ../nbs/20_offload.ipynb #3361612e
 @torch.no_grad()
 def _step(self):
     "One optimizer step over every parameter that received a gradient, streamed chunk by chunk."
@@ -337,9 +337,14 @@ def _zero_grad(self, set_to_none=True):
     self.wait()
     for s in self.slots: s.p.grad = None
 
-OffloadOptimizer.step, OffloadOptimizer.zero_grad = _step, _zero_grad
+def _discard(self):
+    "Drop the gradients accumulated since the last step (a skipped, non-finite step): the next micro-batch starts afresh."
+    self.zero_grad()
+    for s in self.slots: s.fresh = True
 
-# %% ../nbs/20_offload.ipynb #5e11d302
+OffloadOptimizer.step, OffloadOptimizer.zero_grad, OffloadOptimizer.discard = _step, _zero_grad, _discard
+
+# %% ../nbs/20_offload.ipynb #a862fdef
 def _state_dict(self):
     "Group hyperparameters and every parameter's FP32 master, optimizer state and step (host tensors)."
     self.wait()

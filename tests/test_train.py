@@ -1,0 +1,114 @@
+"The trainer as a user runs it, in subprocesses on CPU: flags, kill-and-resume equality, non-finite steps, FSDP2 on two ranks."
+import json, math, os, signal, subprocess, sys, time
+from functools import partial
+from pathlib import Path
+import pytest, torch
+from apex3.train import byte_shards, read_log
+
+ROOT = Path(__file__).parents[1]
+TINY = ['--config', 'tiny', '--seq-len', '32', '--micro-bs', '2', '--lr', '3e-3', '--device', 'cpu', '--ce-impl', 'torch',
+        '--progress', 'off']
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    d = byte_shards(tmp_path_factory.mktemp('bytes'), 200_000)
+    return ['--data', f'std=1:{d}/shard-0000[0-2].bin', '--val-data', f'std={d}/shard-00003.bin']
+
+def trainer(*args, torchrun=None, **kw):
+    "Popen of `python -m apex3.train ARGS` (or under torchrun with N ranks), one thread per process."
+    pre = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(torchrun), '--master_port', '29613'] if torchrun else [sys.executable]
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    return subprocess.Popen([*pre, '-m', 'apex3.train', *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+def finish(p, timeout=300):
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+def test_bad_flag_is_one_line_and_status_2():
+    rc, out, err = finish(trainer('--total-tokens', '1e6', '--recompute', 'some'))
+    assert rc == 2 and err.strip().count('\n') == 0 and err.startswith('apex3 train: error:'), err
+
+def test_published_line_parses():
+    from apex3.train import train_parser
+    line = ('--config C --eos-id 203776 --data a=1:A/*.bin --data b=2:B/*.bin --val-data a=V/*.bin --set n_layers=2 '
+            'seq_aux_alpha=1e-3 --offload --offload-accum cpu --compile-blocks --recompute none --act-budget 0.15 '
+            '--moe-chunk 0 --micro-bs 6 --attn fa3 --ce-impl triton --ce-chunk 4096 --gemm-offload hooks --act-offload 72 '
+            '--precision fp8_rowwise --fp8-recipe tensorwise --total-tokens 1.1e12 --stop-at-tokens 0.51e12 --ckpt-dir CKPT '
+            '--ckpt-every 1e9 --keep-ckpts 2 --arith-probe PROBE --arith-every 50 --resume --accum 8 --seq-len 8192 --seed 0')
+    a = train_parser().parse_args(line.split())
+    assert (a.total_tokens, a.stop_at_tokens, a.ckpt_every, a.accum, a.seq_len, a.resume) == (1.1e12, 0.51e12, 1e9, 8, 8192, True)
+    assert a.data == ['a=1:A/*.bin', 'b=2:B/*.bin'] and a.set == ['n_layers=2', 'seq_aux_alpha=1e-3']
+
+def _losses(log): return {r['step']: r['loss'] for r in read_log(log)}
+
+def test_kill_and_resume_is_bit_identical(data, tmp_path):
+    "SIGKILL a run after its first checkpoint, resume it, and compare every step's loss with an uninterrupted run."
+    steps = 40   # 64 tokens a step; a checkpoint every 4 steps
+    common = [*TINY, *data, '--total-tokens', 64 * steps, '--ckpt-every', 256, '--val-every', 10]
+    ref = trainer(*common, '--ckpt-dir', tmp_path / 'ref')
+    run = trainer(*common, '--ckpt-dir', tmp_path / 'cut')
+    deadline = time.time() + 120
+    while not list((tmp_path / 'cut').glob('tokens-*')) and run.poll() is None and time.time() < deadline: time.sleep(0.01)
+    run.send_signal(signal.SIGKILL); run.communicate()
+    assert run.returncode == -signal.SIGKILL
+    cut = _losses(tmp_path / 'cut' / 'train.jsonl')
+    assert max(cut) < steps, 'the run finished before it was killed'
+    rc, _, err = finish(trainer(*common, '--ckpt-dir', tmp_path / 'cut', '--resume'))
+    assert rc == 0, err
+    assert 'resumed from' in err
+    rc, _, err = finish(ref); assert rc == 0, err
+    want, got = _losses(tmp_path / 'ref' / 'train.jsonl'), _losses(tmp_path / 'cut' / 'train.jsonl')
+    assert sorted(got) == list(range(1, steps + 1)) == sorted(want)
+    assert got == want   # exact float equality, every step
+    assert want[steps] < want[1] - 1.0   # and it learned something
+
+def test_nonfinite_steps_are_skipped_then_stop_the_run(data, tmp_path):
+    from apex3.ckpt import latest_checkpoint, load_checkpoint
+    common = [*TINY, *data, '--total-tokens', 64 * 20, '--ckpt-every', 128, '--val-every', 0, '--max-bad-steps', 3]
+    one = trainer(*common, '--ckpt-dir', tmp_path / 'one', '--inject-nan-at', 3)
+    streak = trainer(*common, '--ckpt-dir', tmp_path / 'streak', '--inject-nan-at', 5, 6, 7, 8)
+    rc, _, err = finish(one); assert rc == 0, err
+    recs = read_log(tmp_path / 'one' / 'train.jsonl')
+    assert [r['step'] for r in recs if r['skipped']] == [3] and math.isnan(recs[2]['loss'])
+    assert all(math.isfinite(r['loss']) for r in recs if r['step'] != 3) and len(recs) == 20
+    rc, _, err = finish(streak)
+    assert rc == 3 and 'consecutive non-finite steps' in err, err
+    recs = read_log(tmp_path / 'streak' / 'train.jsonl')
+    assert [r['step'] for r in recs if r['skipped']] == [5, 6, 7] and max(r['step'] for r in recs) == 7
+    last = latest_checkpoint(tmp_path / 'streak')   # verifies its checksums
+    ck = load_checkpoint(last, ['train', 'model'])
+    assert ck['train']['step'] == 4 and ck['train']['tokens'] == 256 and ck['train']['bad_streak'] == 0
+    assert all(torch.isfinite(v).all() for v in ck['model'].values() if v.is_floating_point())
+
+def _reference_losses(specs, steps, seq, mb, lr, total, world=2):
+    "One process, no FSDP: the concatenation of every rank's rows as one global batch, the trainer's model, optimizer, loss and schedule."
+    from apex3.config import get_config
+    from apex3.model import Transformer
+    from apex3.optim import build_optimizer, WSD
+    from apex3.kernels import fused_linear_cross_entropy
+    from apex3.data.loader import MixtureLoader
+    torch.manual_seed(0)
+    model = Transformer(get_config('tiny', [f'seq_len={seq}']))
+    opt = build_optimizer(model, lr=lr)
+    sched, loss_fn = WSD(total, 0.01 * total, 0.2, '1-sqrt'), partial(fused_linear_cross_entropy, impl='torch')
+    loaders = [MixtureLoader(specs, seq, mb, 0, r, world) for r in range(world)]
+    tokens, out = 0, []
+    for _ in range(steps):
+        x = torch.from_numpy(__import__('numpy').concatenate([l.next_batch() for l in loaders]))
+        opt.set_lr_factor(sched(tokens))
+        loss = model(x[:, :-1], x[:, 1:], loss_fn=loss_fn); loss.backward()
+        opt.step(); opt.zero_grad(); model.update_router_biases()
+        out.append(loss.item()); tokens += world * mb * seq
+    return out
+
+def test_fsdp_two_ranks_match_one_process(data, tmp_path):
+    steps, spec = 6, data[1]
+    p = trainer(*TINY, '--data', spec, '--total-tokens', 2 * 64 * steps, '--fsdp', '--val-every', 0,
+                '--ckpt-dir', tmp_path / 'fsdp', '--ckpt-every', 2 * 64 * 3, torchrun=2)
+    rc, _, err = finish(p)
+    assert rc == 0, err[-3000:]
+    got = [r['loss'] for r in read_log(tmp_path / 'fsdp' / 'train.jsonl')]
+    want = _reference_losses([spec], steps, 32, 2, 3e-3, 2 * 64 * steps)
+    assert len(got) == steps
+    assert max(abs(g - w) for g, w in zip(got, want)) < 2e-3, (got, want)

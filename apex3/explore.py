@@ -6,14 +6,14 @@
 __all__ = ['memory_figure', 'days_curve', 'days_figure', 'search_heatmap', 'save_plan_figures', 'LivePlots', 'Explorer',
            'explorer']
 
-# %% ../nbs/02_explore.ipynb #c1299a35
+# %% ../nbs/02_explore.ipynb #46021d6b
 import html, time
 import matplotlib, matplotlib.ticker
 import matplotlib.pyplot as plt
 import numpy as np
-from .plan import plan, choose, search_gpus, find_gpu, GPUS, BYTES, STATE_BYTES, RECOMPUTE, UsageError
+from .plan import plan, choose, search_gpus, GPUS, BYTES, STATE_BYTES, UsageError
 
-# %% ../nbs/02_explore.ipynb #9488970d
+# %% ../nbs/02_explore.ipynb #1bd9ca50
 _COLORS = {'states': '#4c72b0', 'activations': '#dd8452'}
 _SHORT = {'none': 'none', 'selective': 'sel.', 'full': 'full'}
 
@@ -36,7 +36,7 @@ def memory_figure(p, ax=None):
     ax.legend(fontsize=7, loc='upper right')
     return ax.figure
 
-# %% ../nbs/02_explore.ipynb #619ddd9a
+# %% ../nbs/02_explore.ipynb #5fad81d1
 def _plain_log(ax):
     "Log axes labelled 200, 500, 1,000 rather than 2×10²."
     ax.set_xscale('log'); ax.set_yscale('log')
@@ -62,7 +62,7 @@ def days_figure(p, ax=None):
     ax.set_title('Days against GPUs', fontsize=9); ax.legend(fontsize=7)
     return ax.figure
 
-# %% ../nbs/02_explore.ipynb #64923d5f
+# %% ../nbs/02_explore.ipynb #447beddb
 def search_heatmap(p, ax=None):
     "GPUs each (TP, PP) needs at its best recompute level; blank where nothing meets the target and fits."
     ax = ax or plt.subplots(figsize=(6, 3.6))[1]
@@ -72,13 +72,13 @@ def search_heatmap(p, ax=None):
         if not c.meets_target: continue
         i, j = tps.index(c.tp), pps.index(c.pp)
         if np.isnan(grid[i, j]) or c.gpus < grid[i, j]: grid[i, j], label[i, j] = c.gpus, f'{c.gpus:,}\n{_SHORT[c.recompute]}'
-    im = ax.imshow(np.log10(grid), cmap='viridis_r', aspect='auto')
+    ax.imshow(np.log10(grid), cmap="viridis_r", aspect="auto")
     for (i, j), t in label.items(): ax.text(j, i, t, ha='center', va='center', fontsize=7, color='w')
     ax.set_xticks(range(len(pps)), pps); ax.set_yticks(range(len(tps)), tps)
     ax.set_xlabel('PP'); ax.set_ylabel('TP'); ax.set_title('The layout search: GPUs needed (log colour)', fontsize=9)
     return ax.figure
 
-# %% ../nbs/02_explore.ipynb #34f075d0
+# %% ../nbs/02_explore.ipynb #0ac7a42d
 def save_plan_figures(p, folder):
     "Write the three plots of a plan as PNG files; return their paths."
     from pathlib import Path
@@ -89,7 +89,7 @@ def save_plan_figures(p, folder):
         paths.append(folder / f'{name}.png')
     return paths
 
-# %% ../nbs/02_explore.ipynb #4c17cd6f
+# %% ../nbs/02_explore.ipynb #97067643
 import io
 import ipywidgets as W
 from matplotlib.figure import Figure
@@ -119,7 +119,7 @@ def _plan_of(c):
                 v['days'], v['precision'], v['optimizer'], v['seq'], v['layers'] or None, v['width'] or None,
                 v['mfu'], v['batch'])
 
-# %% ../nbs/02_explore.ipynb #77fad162
+# %% ../nbs/02_explore.ipynb #ff8bc203
 class LivePlots:
     "Memory bars and the days curve of a plan, updated in place and rendered to PNG bytes."
     def __init__(self):
@@ -168,7 +168,7 @@ class LivePlots:
         buf = io.BytesIO(); img.save(buf, 'png', compress_level=1)  # light compression: encoding is on the hot path
         return buf.getvalue()
 
-# %% ../nbs/02_explore.ipynb #af889961
+# %% ../nbs/02_explore.ipynb #412c0871
 class Explorer:
     "The planner's controls, its summary and its plots, updated on every change."
     def __init__(self, plots=True):

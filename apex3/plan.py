@@ -9,14 +9,14 @@ __all__ = ['GPUS', 'RECOMPUTE', 'GiB', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACT
            'plan_headline', 'plan_rows', 'config_inputs', 'plan', 'validation_table', 'link_speed', 'OffloadPlan',
            'offload_plan', 'plan_main', 'gpus_main']
 
-# %% ../nbs/00_plan.ipynb #fb7dc3c8
+# %% ../nbs/00_plan.ipynb #3119e2a9
 import dataclasses, difflib, json, math, re
 from decimal import Decimal
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import pandas as pd
 from .cli import ArgParser, UsageError
 
-# %% ../nbs/00_plan.ipynb #eb00581a
+# %% ../nbs/00_plan.ipynb #129c8241
 _SUFFIX = {'': 1, 'K': 10**3, 'M': 10**6, 'B': 10**9, 'G': 10**9, 'T': 10**12}
 
 def parse_number(s) -> float:
@@ -32,7 +32,7 @@ def fmt_count(x: float) -> str:
         if abs(x) >= scale: return f'{x/scale:.3g}{suf}'
     return f'{x:.3g}'
 
-# %% ../nbs/00_plan.ipynb #c5faa90d
+# %% ../nbs/00_plan.ipynb #b1a8e932
 @dataclass(frozen=True)
 class GPU:
     name: str; bf16: float; fp8: float|None; mem_gb: float; hbm_tbs: float; scaleup: int; per_node: int; source: str
@@ -59,7 +59,7 @@ GPUS = {g.name: g for g in [
     GPU('GTX 1660', None, None, 6,   0.19, 1,  1, 'NVIDIA TU116 specs: no BF16 tensor cores (FP16 ~10 TF, FP32 5.0 TF)'),
 ]}
 
-# %% ../nbs/00_plan.ipynb #29443617
+# %% ../nbs/00_plan.ipynb #3d399974
 def _norm(name): return re.sub(r'[\s_\-]', '', str(name)).lower()
 
 def find_gpu(name) -> GPU:
@@ -76,7 +76,7 @@ def gpu_table() -> pd.DataFrame:
     df = pd.DataFrame([dataclasses.asdict(g) for g in GPUS.values()]).set_index('name')
     return df.rename(columns={'bf16': 'bf16_tflops', 'fp8': 'fp8_tflops', 'hbm_tbs': 'hbm_tb_s'})
 
-# %% ../nbs/00_plan.ipynb #6cacebcf
+# %% ../nbs/00_plan.ipynb #41e52a48
 def model_shape(active, layers=None, width=None):
     "Depth and width: given, derived from the other, or from `d = 128·L` when neither is given."
     if layers and width: return int(layers), int(width)
@@ -85,7 +85,7 @@ def model_shape(active, layers=None, width=None):
     L = 8 * math.ceil((active / (12 * 128**2)) ** (1/3) / 8)
     return L, 128 * L
 
-# %% ../nbs/00_plan.ipynb #f80e67a7
+# %% ../nbs/00_plan.ipynb #9f5991f0
 RECOMPUTE = ('none', 'selective', 'full')
 
 def train_flops(active, tokens, layers, width, seq):
@@ -97,7 +97,7 @@ def recompute_flops(level, active, tokens, layers, width, seq):
     attn_fwd = 4 * layers * width * seq * tokens
     return {'none': 0, 'selective': attn_fwd, 'full': 2 * active * tokens + attn_fwd}[level]
 
-# %% ../nbs/00_plan.ipynb #5a92cad9
+# %% ../nbs/00_plan.ipynb #f3bf81ce
 GiB = 2**30
 STATE_BYTES = {'adamw': 16, 'adam8bit': 10, 'sgd': 12}
 ACT_OVERHEAD = 1.05  # Megatron's allowance for buffers and fragmentation
@@ -110,7 +110,7 @@ def activation_bytes(level, layers, width, seq, tp, micro_batch=1, heads=None):
     per_level = {'none': layers * whole_layer, 'selective': layers * 34 * sbd, 'full': layers * 2 * sbd + whole_layer}
     return per_level[level] / tp
 
-# %% ../nbs/00_plan.ipynb #3b93b5a3
+# %% ../nbs/00_plan.ipynb #ed02648e
 @dataclass
 class Layout:
     tp: int; pp: int; recompute: str
@@ -120,7 +120,7 @@ class Layout:
     @property
     def mem_gib(self): return self.states_gib + self.act_gib
 
-# %% ../nbs/00_plan.ipynb #671202ec
+# %% ../nbs/00_plan.ipynb #2b4710c7
 @dataclass
 class _Run:
     "What the layout search needs to know about a run."
@@ -151,7 +151,7 @@ class _Run:
         lay.fits = lay.mem_gib <= self.budget + 1e-9
         return lay
 
-# %% ../nbs/00_plan.ipynb #b09d303f
+# %% ../nbs/00_plan.ipynb #0be493ec
 def _pow2_upto(n): return [2**i for i in range(int(math.log2(n)) + 1)] if n >= 1 else []
 
 def _shapes(run):
@@ -165,7 +165,7 @@ def _with_activations(run, tp, pp, level):
     lay.act_gib = activation_bytes(level, run.layers, run.width, run.seq, tp, heads=run.heads) * ACT_OVERHEAD / GiB
     return lay
 
-# %% ../nbs/00_plan.ipynb #1026d0cf
+# %% ../nbs/00_plan.ipynb #35a13ff9
 def _min_dp(run, lay, target_days):
     "Smallest DP meeting the target and the memory budget (inf if time cannot be met; None if activations alone overflow)."
     free = run.budget - lay.act_gib
@@ -214,7 +214,7 @@ def choose(candidates, by_gpus=True):
     fits = [c for c in candidates if c.fits]
     return min(fits, key=lambda c: (c.days, c.gpus, c.tp, c.pp)) if fits else None
 
-# %% ../nbs/00_plan.ipynb #c54d4205
+# %% ../nbs/00_plan.ipynb #a5869bab
 BYTES = {'bf16': 2, 'fp8': 1}
 
 @dataclass
@@ -237,7 +237,7 @@ def inference(params, precision='bf16', gpu='H100', context=4096, batch=1, activ
     return Serving(params, active, precision, g.name, context, batch, weights / GiB, kv / GiB, gpus,
                    batch * gpus * g.hbm_tbs * 1e12 / step_bytes)
 
-# %% ../nbs/00_plan.ipynb #444cb38a
+# %% ../nbs/00_plan.ipynb #413d0d4e
 GPU_CAP = 200_000
 
 def _check_inputs(params, active, tokens, mfu, precision, optimizer, seq, batch_tokens):
@@ -250,7 +250,7 @@ def _check_inputs(params, active, tokens, mfu, precision, optimizer, seq, batch_
     if optimizer not in STATE_BYTES: raise UsageError(f"unknown optimizer {optimizer!r} (choose from {', '.join(STATE_BYTES)})")
     if seq <= 0 or batch_tokens < seq: raise UsageError(f'the sequence ({seq}) must be positive and fit the batch ({fmt_count(batch_tokens)} tokens)')
 
-# %% ../nbs/00_plan.ipynb #20b7fb96
+# %% ../nbs/00_plan.ipynb #adc48a93
 @dataclass
 class Plan:
     params: float; active: float; tokens: float; gpu: GPU; precision: str; optimizer: str
@@ -279,7 +279,7 @@ class Plan:
     @property
     def target_met(self): return self.fixed_gpus is not None or self.layout.meets_target
 
-# %% ../nbs/00_plan.ipynb #fb0ffc3f
+# %% ../nbs/00_plan.ipynb #ca17c6c3
 def _gb(x): return f'{x:,.0f}' if x >= 9.5 else f'{x:.1f}'
 
 def plan_headline(p: Plan) -> str:
@@ -307,7 +307,7 @@ def plan_rows(p: Plan) -> list:
         rows.append(('Note', f'the {p.target_days:g}-day target cannot be met ({l.why}); this is the fastest layout'))
     return rows
 
-# %% ../nbs/00_plan.ipynb #c421ea4c
+# %% ../nbs/00_plan.ipynb #715e731c
 def _plan_str(self): return plan_headline(self) + '\n\n' + '\n'.join(f'  {k:<12}{v}' for k, v in plan_rows(self))
 
 def _plan_html(self):
@@ -329,7 +329,7 @@ def _plan_dict(self):
 
 Plan.__str__, Plan._repr_html_, Plan.to_dict = _plan_str, _plan_html, _plan_dict
 
-# %% ../nbs/00_plan.ipynb #a62c3d82
+# %% ../nbs/00_plan.ipynb #772d7e68
 def config_inputs(config) -> dict:
     "The planner's inputs taken from a model config (a name or a `ModelConfig`)."
     from apex3.config import get_config, param_counts
@@ -338,7 +338,7 @@ def config_inputs(config) -> dict:
     return dict(params=n['total'], active=n['active'], layers=c.n_layers, width=c.d_model, heads=c.n_heads,
                 seq=c.seq_len, kv_width=c.n_kv_heads * c.head_dim)
 
-# %% ../nbs/00_plan.ipynb #0cc3bc84
+# %% ../nbs/00_plan.ipynb #655f5fdb
 def plan(params=None, active=None, tokens=None, gpu='H100', gpus=None, days=90, precision='bf16', optimizer='adamw',
          seq=None, layers=None, width=None, mfu=0.4, batch_tokens=2**22, config=None) -> Plan:
     "Plan a training run: the fewest GPUs that finish in `days` (or the fastest layout on `gpus`)."
@@ -376,7 +376,7 @@ def _no_fit_message(run, cands, gpus):
     need = math.ceil(run.total * run.state_bytes / GiB / free)
     return f'{gpus or run.cap:,} GPUs cannot hold the model: its states need at least {need:,} GPUs of {run.mem_gib:g} GB'
 
-# %% ../nbs/00_plan.ipynb #6736b0f3
+# %% ../nbs/00_plan.ipynb #9fc4c639
 REAL_RUNS = [  # published GPU-hours of pretraining (technical reports); shape: (layers, width, seq)
     dict(run='Llama 3 405B', active=405e9, tokens=15.6e12, gpu='H100', precision='bf16', shape=(126, 16384, 8192), gpu_hours=30.84e6),
     dict(run='Llama 2 70B', active=70e9, tokens=2e12, gpu='A100', precision='bf16', shape=(80, 8192, 4096), gpu_hours=1.72e6),
@@ -397,7 +397,7 @@ def validation_table(mfu=0.4) -> pd.DataFrame:
                          implied_mfu=mfu * full / r['gpu_hours']))
     return pd.DataFrame(rows).set_index('run').round(3)
 
-# %% ../nbs/00_plan.ipynb #14fb0ef3
+# %% ../nbs/00_plan.ipynb #0b6f137c
 LINKS = {'pcie5': 54, 'pcie4': 25, 'gh200-c2c': 346}  # GB/s each way, measured (DESIGN §4)
 
 def link_speed(link) -> float:
@@ -426,7 +426,7 @@ class OffloadPlan:
                 f'  Step         {self.step_s:.1f} s = {self.accum} x {self.micro_s:.2f} s + optimizer {self.optimizer_s:.1f} s; MFU at batch {self.mfu_at_batch:.2f}\n'
                 f'  Flags        {self.flags()}')
 
-# %% ../nbs/00_plan.ipynb #2c6d536f
+# %% ../nbs/00_plan.ipynb #c14f2451
 def _offload_budgets(c, counts, gpu, micro_bs, act_budget, accum_on, ce_chunk=4096):
     "GPU bytes, host bytes and activation bytes offloaded per micro-batch, for config `c`."
     from apex3.config import param_components
@@ -450,7 +450,7 @@ def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kern
     opt = (4 + 4 + 4) * N / (link_gbs * 1e9)  # masters + state + gradients in; masters + state out overlap
     return flops, compute, link, opt
 
-# %% ../nbs/00_plan.ipynb #39270ba0
+# %% ../nbs/00_plan.ipynb #4076adc5
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=0.15,
                  kernel_eff=0.6, precision='bf16', layers=None, offload_accum=None) -> OffloadPlan:
     "Plan one-GPU training with host offload: memory on both sides, step time, and the flags; fewer layers if the host is short."
@@ -471,7 +471,7 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
                        host_b / GiB, host_budget, off / GiB, compute, link, micro, opt, step,
                        accum * flops / (step * g.peak('bf16')), 'compute' if compute >= link else 'link', accum_on, act_budget)
 
-# %% ../nbs/00_plan.ipynb #2b415287
+# %% ../nbs/00_plan.ipynb #0b71b21b
 def _plan_parser():
     p = ArgParser(prog='apex3 plan', description='Plan a training run: GPUs, layout, memory per GPU, days, serving.')
     p.add_argument('params', nargs='?', help='total parameters (21B, 1.5T, 32e9); or give --config')

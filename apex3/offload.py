@@ -6,7 +6,7 @@
 __all__ = ['log', 'GiB', 'host_available_bytes', 'PinnedPool', 'accum_kernel', 'accumulate_', 'dense', 'ActivationOffload',
            'is_gemm_module', 'gemm_offload_hooks', 'OffloadOptimizer']
 
-# %% ../nbs/20_offload.ipynb #7142fb00
+# %% ../nbs/20_offload.ipynb #c589af8a
 import contextlib, logging, os, threading, weakref
 from collections import defaultdict
 import torch, torch.nn as nn
@@ -15,7 +15,7 @@ from .cli import UsageError
 log = logging.getLogger('apex3.offload')
 GiB = 2**30
 
-# %% ../nbs/20_offload.ipynb #7e85970c
+# %% ../nbs/20_offload.ipynb #9debd5ff
 def host_available_bytes() -> int:
     "Bytes of host memory available now (MemAvailable), or physical memory where /proc is absent."
     try:
@@ -25,7 +25,7 @@ def host_available_bytes() -> int:
     except OSError: pass
     return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
-# %% ../nbs/20_offload.ipynb #43a1cb86
+# %% ../nbs/20_offload.ipynb #7fb3cf90
 class PinnedPool:
     "Bounded page-locked host memory with size-keyed reuse; what does not fit is counted as overflow."
     def __init__(self, budget_bytes, pin=None, available=None):
@@ -36,6 +36,7 @@ class PinnedPool:
         self.free_lists, self.lock = defaultdict(list), threading.Lock()
         self.reserved = self.in_use = self.peak = self.overflow = 0
         self.allocations = self.overflows = 0
+        self.out = set()  # data pointers of the buffers handed out: only those come back
 
     def alloc(self, shape, dtype):
         "A host tensor of `shape` and `dtype`, or None (counted as overflow) when the budget is spent."
@@ -49,19 +50,22 @@ class PinnedPool:
                 buf = torch.empty(n, dtype=torch.uint8, pin_memory=self.pin)
                 self.reserved += n
             self.in_use += n; self.peak = max(self.peak, self.in_use); self.allocations += 1
+            if n: self.out.add(buf.data_ptr())  # (empty tensors share one pointer, and hold no memory)
         return buf.view(dtype).view(shape)
 
     def release(self, t):
-        "Give a tensor from `alloc` back to the pool."
+        "Give a tensor from `alloc` back to the pool; anything else (a foreign buffer, a second release) is a ValueError."
         buf = t.view(-1).view(torch.uint8) if t.numel() else t.view(torch.uint8)
         with self.lock:
+            if buf.numel() and buf.data_ptr() not in self.out: raise ValueError('release of a buffer this pool did not hand out (or released twice)')
+            self.out.discard(buf.data_ptr())
             self.free_lists[buf.numel()].append(buf); self.in_use -= buf.numel()
 
     def stats(self):
         return dict(host_pinned_gib=self.reserved / GiB, host_in_use_gib=self.in_use / GiB,
                     host_peak_gib=self.peak / GiB, overflow_gib=self.overflow / GiB, overflows=self.overflows)
 
-# %% ../nbs/20_offload.ipynb #e238a458
+# %% ../nbs/20_offload.ipynb #38855cfd
 _ACCUM_SRC = r'''
 #include <torch/extension.h>
 #include <cstring>
@@ -105,7 +109,7 @@ def accumulate_(acc, src, impl='kernel'):
     else: acc.add_(src.float())
     return acc
 
-# %% ../nbs/20_offload.ipynb #87a8ba33
+# %% ../nbs/20_offload.ipynb #c4381c82
 class _Offloaded:
     "A saved tensor waiting on the host, in a buffer with the tensor's own strides."
     __slots__ = ('flat', 'host', 'device', 'ready', 'back', 'back_ready')
@@ -114,9 +118,14 @@ class _Offloaded:
 
 def dense(t):
     "Whether `t` covers its memory exactly once (any permutation of a contiguous tensor): then it can keep its strides on the host."
-    return t.numel() > 0 and 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) == t.numel()
+    if t.numel() == 0: return False
+    expect = 1
+    for s, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1):  # innermost first: each stride spans the dims inside it
+        if s != expect: return False
+        expect *= n
+    return True
 
-# %% ../nbs/20_offload.ipynb #44c9a5bb
+# %% ../nbs/20_offload.ipynb #168b22fc
 class ActivationOffload:
     "Saved-tensor hooks that keep chosen activations in a `PinnedPool` between forward and backward."
     def __init__(self, pool, max_tensors=None, keep_bytes=None, min_bytes=2**16, params=(), prefetch=2):
@@ -143,7 +152,7 @@ class ActivationOffload:
     def stats(self):
         return dict(offloaded_tensors=self.tensors, offloaded_gib=self.bytes / GiB, kept_gib=self.kept / GiB, **self.pool.stats())
 
-# %% ../nbs/20_offload.ipynb #618c8f2c
+# %% ../nbs/20_offload.ipynb #2ffb3c12
 def _pack(self, t):
     n = t.numel() * t.element_size()
     if n < self.min_bytes or t.data_ptr() in self.param_ptrs or not dense(t): return t
@@ -166,7 +175,7 @@ def _pack(self, t):
 
 ActivationOffload.pack = _pack
 
-# %% ../nbs/20_offload.ipynb #fe99f436
+# %% ../nbs/20_offload.ipynb #0aaf38c0
 def _fetch(self, h):
     "Start copying `h` back to its device (once)."
     if h.back is not None: return
@@ -190,7 +199,7 @@ def _unpack(self, h):
 
 ActivationOffload._fetch, ActivationOffload.unpack = _fetch, _unpack
 
-# %% ../nbs/20_offload.ipynb #ca387c98
+# %% ../nbs/20_offload.ipynb #c9415f31
 def _hooks(self): return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 ActivationOffload.hooks = _hooks
 
@@ -203,25 +212,28 @@ def gemm_offload_hooks(model, offload):
     gemms = [m for m in model.modules() if is_gemm_module(m)]
     return [h for m in gemms for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
 
-# %% ../nbs/20_offload.ipynb #7cbc1399
+# %% ../nbs/20_offload.ipynb #2676f7a2
 from concurrent.futures import ThreadPoolExecutor
 import torch.optim.adamw as _adamw
 from .optim import build_optimizer, muon_update_chunk, muon_group_kwargs
 
-# %% ../nbs/20_offload.ipynb #5a3295eb
+# %% ../nbs/20_offload.ipynb #ee7ce118
+def _n_state(group):
+    "FP32 state tensors per parameter of an optimizer group: Muon's momentum, or AdamW's two moments."
+    return 1 if 'momentum' in group else 2
+
 class _Slot:
     "One parameter's host-side life: FP32 master, optimizer state, gradient accumulator."
     def __init__(self, p, group, alloc):
         self.p, self.group, self.fresh = p, group, True
         self.master = alloc(p.shape, torch.float32); self.master.copy_(p.detach())
-        n_state = 1 if 'momentum' in group else 2
-        self.state = [alloc(p.shape, torch.float32).zero_() for _ in range(n_state)]
+        self.state = [alloc(p.shape, torch.float32).zero_() for _ in range(_n_state(group))]
         self.step = torch.tensor(0.0)
-        self.acc = None  # FP32 gradient accumulator: host or device, made on first use
+        self.acc = None  # FP32 gradient accumulator: the optimizer makes it (host) or `_add` does (device)
     @property
     def nbytes(self): return self.master.numel() * 4
 
-# %% ../nbs/20_offload.ipynb #8717b0d4
+# %% ../nbs/20_offload.ipynb #fff69836
 class OffloadOptimizer:
     "Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU."
     def __init__(self, model, accum='cpu', pool=None, chunk_bytes=512 * 2**20, **opt_kwargs):
@@ -230,6 +242,8 @@ class OffloadOptimizer:
         self.accum, self.chunk_bytes = accum, chunk_bytes
         self.pool = pool or PinnedPool(self.host_bytes_needed())
         self.slots = [_Slot(p, g, self._host) for g in self.reference.param_groups for p in g['params']]
+        if accum == 'cpu':  # now, not on first use: staging buffers taken meanwhile would eat the accumulators' budget
+            for s in self.slots: s.acc = self._host(s.p.shape, torch.float32)
         self.cuda = any(s.p.is_cuda for s in self.slots)
         self.h2d, self.d2h = (torch.cuda.Stream(), torch.cuda.Stream()) if self.cuda else (None, None)
         self.worker, self.pending = ThreadPoolExecutor(1), []
@@ -242,7 +256,7 @@ class OffloadOptimizer:
 
     def host_bytes_needed(self):
         "Pinned bytes for masters, state and host accumulators, plus staging for an eighth of the gradients in flight."
-        per = [(p.numel(), 2 if 'betas' in g else 1, p.element_size()) for g in self.reference.param_groups for p in g['params']]
+        per = [(p.numel(), _n_state(g), p.element_size()) for g in self.reference.param_groups for p in g['params']]
         state = sum(n * 4 * (1 + k + (self.accum == 'cpu')) for n, k, _ in per)
         staging = sum(n * b for n, _, b in per) // 8  # more in flight falls back to unpooled pinned buffers
         return int(state + staging + 2**26)
@@ -252,18 +266,21 @@ class OffloadOptimizer:
 
     def set_lr_factor(self, f): self.reference.set_lr_factor(f)
 
-# %% ../nbs/20_offload.ipynb #cdcbce9e
+# %% ../nbs/20_offload.ipynb #454b7654
 def _grad_hook(self, s):
     def hook(p):
         g, p.grad = p.grad, None  # the GPU copy is freed as soon as it is on its way
         if self.accum == 'gpu' or not g.is_cuda: return self._add(s, g, s.p.device if self.accum == 'gpu' else 'cpu')
         stage = self.pool.alloc(g.shape, g.dtype)
-        if stage is None: stage = torch.empty(g.shape, dtype=g.dtype, pin_memory=True)  # pool full: unpooled, still pinned
+        pooled = stage is not None  # an unpooled buffer is pinned too: is_pinned() cannot tell them apart
+        if not pooled: stage = torch.empty(g.shape, dtype=g.dtype, pin_memory=True)  # pool full: unpooled, still pinned
         self.d2h.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.d2h):
             stage.copy_(g, non_blocking=True); g.record_stream(self.d2h)
             done = torch.cuda.Event(); done.record()
-        def land(): done.synchronize(); self._add(s, stage, 'cpu'); self.pool.release(stage) if stage.is_pinned() else None
+        def land():
+            done.synchronize(); self._add(s, stage, 'cpu')
+            if pooled: self.pool.release(stage)
         self.pending.append(self.worker.submit(land))
     return hook
 
@@ -281,7 +298,7 @@ def _wait(self):
 
 OffloadOptimizer._grad_hook, OffloadOptimizer._add, OffloadOptimizer.wait = _grad_hook, _add, _wait
 
-# %% ../nbs/20_offload.ipynb #8894ecce
+# %% ../nbs/20_offload.ipynb #f67c6604
 def _chunks(self):
     "Slots grouped by optimizer group, cut into chunks of about `chunk_bytes`."
     out = []
@@ -305,7 +322,7 @@ def _update(chunk, m, st, gr):
 
 OffloadOptimizer._chunks = _chunks
 
-# %% ../nbs/20_offload.ipynb #3361612e
+# %% ../nbs/20_offload.ipynb #c8bbfb1d
 @torch.no_grad()
 def _step(self):
     "One optimizer step over every parameter that received a gradient, streamed chunk by chunk."
@@ -344,7 +361,7 @@ def _discard(self):
 
 OffloadOptimizer.step, OffloadOptimizer.zero_grad, OffloadOptimizer.discard = _step, _zero_grad, _discard
 
-# %% ../nbs/20_offload.ipynb #a862fdef
+# %% ../nbs/20_offload.ipynb #d1b0dda9
 def _state_dict(self):
     "Group hyperparameters and every parameter's FP32 master, optimizer state and step (host tensors)."
     self.wait()

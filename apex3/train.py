@@ -11,20 +11,20 @@ __all__ = ['log', 'add_train_flags', 'train_parser', 'warn_once', 'run_args', 'd
            'make_schedule', 'train', 'loop', 'default_log', 'plot_log', 'demo_specs', 'measure_tokens_per_s', 'sample',
            'demo_train', 'train_main', 'main']
 
-# %% ../nbs/70_train.ipynb #a4356607
+# %% ../nbs/70_train.ipynb #0e2b3e41
 import argparse, json, logging, math, os, sys, time
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 import numpy as np
 import torch, torch.distributed as dist
 from .cli import ArgParser, UsageError
-from .bench import add_run_flags, Run, run_config, micro_step, optimizer_step, micro_flops
+from .bench import add_run_flags, check_run_flags, Run, run_config, micro_step, optimizer_step, micro_flops
 from .config import get_config
 from .records import device_peak_tflops, GiB
 
 log = logging.getLogger('apex3.train')
 
-# %% ../nbs/70_train.ipynb #2eae8bb9
+# %% ../nbs/70_train.ipynb #ef471f49
 def _tokens(s):
     "A token count such as `1.1e12`, `0.51e12` or `1.5T` (argparse reports a ValueError as a bad value)."
     from apex3.plan import parse_number
@@ -65,7 +65,7 @@ def train_parser():
     p = ArgParser(prog='apex3 train', description='Train a model on token shards; resumable, headless, under torchrun.')
     return add_train_flags(add_run_flags(p))
 
-# %% ../nbs/70_train.ipynb #a35c8c17
+# %% ../nbs/70_train.ipynb #652ccdfa
 _warned = set()
 
 def warn_once(msg):
@@ -96,7 +96,7 @@ def check_data(cfg, specs):
         if m.get('eos_id') is not None and m['eos_id'] != cfg.eos_id:
             warn_once(f"{s!r} ends documents with id {m['eos_id']} but the model's eos_id is {cfg.eos_id}: attention will cross documents (--eos-id)")
 
-# %% ../nbs/70_train.ipynb #e91f5dab
+# %% ../nbs/70_train.ipynb #bf395f53
 def byte_shards(folder, n_bytes=1_000_000, n_shards=4, seed=0, max_doc=8192) -> Path:
     "Token shards of standard-library source files (their first `max_doc` bytes, EOS 256 after each) in `folder`; returns it."
     import random, sysconfig
@@ -113,7 +113,7 @@ def byte_shards(folder, n_bytes=1_000_000, n_shards=4, seed=0, max_doc=8192) -> 
     (folder / 'meta.json').write_text(json.dumps(dict(dtype='uint16', vocab_size=257, eos_id=256, tokenizer='bytes')))
     return folder
 
-# %% ../nbs/70_train.ipynb #e6ee6d88
+# %% ../nbs/70_train.ipynb #7cb16ae1
 @dataclass
 class Dist:
     "This process's place in the job."
@@ -149,14 +149,17 @@ def sync_expert_loads(model, d):
     if d.world == 1: return
     for layer in model.layers: dist.all_reduce(layer.moe.expert_load)
 
-# %% ../nbs/70_train.ipynb #c33a2789
+# %% ../nbs/70_train.ipynb #8217807d
 def check_args(a, d):
     "Usage errors of a run's flags, before anything is built."
     if not a.data: raise UsageError('--data NAME=WEIGHT:GLOB is required')
     if a.resume and not a.ckpt_dir: raise UsageError('--resume needs --ckpt-dir')
     if a.total_tokens <= 0: raise UsageError('--total-tokens must be positive')
     if a.keep_ckpts < 1: raise UsageError('--keep-ckpts must be at least 1')
-    if min(a.micro_bs, a.accum, a.max_bad_steps) < 1: raise UsageError('--micro-bs, --accum and --max-bad-steps must be at least 1')
+    check_run_flags(a)
+    if a.max_bad_steps < 1: raise UsageError('--max-bad-steps must be at least 1')
+    if a.ckpt_every <= 0: raise UsageError(f'--ckpt-every must be a positive number of tokens, not {a.ckpt_every:g}')
+    if a.val_data and a.val_batches < 1: raise UsageError('--val-batches must be at least 1')
     if a.arith_probe and not Path(a.arith_probe).exists(): raise UsageError(f'--arith-probe {a.arith_probe}: no such file')
     if d.world > 1 and not a.fsdp: raise UsageError(f'{d.world} ranks need --fsdp (the only multi-rank mode)')
     if a.fsdp and a.offload: raise UsageError('--fsdp and --offload do not combine (the host optimizer is single-GPU)')
@@ -173,7 +176,7 @@ def build_run(a, d):
         run.opt = build_optimizer(run.model, lr=a.lr)
     return run
 
-# %% ../nbs/70_train.ipynb #ae164510
+# %% ../nbs/70_train.ipynb #ff757a0c
 @dataclass
 class TrainState:
     "The loop's position: what a checkpoint must hold besides model, optimizer, data cursor and RNG."
@@ -212,7 +215,7 @@ def train_step(run, loader, st, sched, d) -> dict:
     st.step, st.tokens = rec['step'], rec['tokens']
     return rec
 
-# %% ../nbs/70_train.ipynb #b44c841f
+# %% ../nbs/70_train.ipynb #ecfbe03b
 class ValSet:
     "Fixed validation rows of every `NAME=GLOB` source, this rank's slice."
     def __init__(self, specs, seq_len, micro_bs, batches, rank=0, world=1):
@@ -239,7 +242,7 @@ def val_losses(run, val, d) -> dict:
     finally: model.train()
     return out
 
-# %% ../nbs/70_train.ipynb #f9766b78
+# %% ../nbs/70_train.ipynb #2f0df5d2
 class ByteTokenizer:
     "Token ids are UTF-8 bytes (the `byte_shards` data)."
     def encode(self, text): return list(text.encode())
@@ -285,7 +288,7 @@ def probe_accuracy(model, tok, probe, max_new, device) -> float:
         hits += tok.decode(out[0, len(ids):].tolist()).strip().startswith(answer)
     return hits / max(1, len(probe))
 
-# %% ../nbs/70_train.ipynb #8c437d8a
+# %% ../nbs/70_train.ipynb #a93d8772
 def _full_options(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
@@ -331,14 +334,16 @@ def restore_state(run, loader, d):
     if path is None: warn_once(f'--resume: no checkpoint in {run.a.ckpt_dir}, starting afresh'); return None
     ck = load_checkpoint(path)
     if len(ck['data']) != d.world: raise UsageError(f"{path} was written by {len(ck['data'])} ranks, this job has {d.world}")
-    load_model_optim(run, ck['model'], ck['optimizer'], d)
+    try: load_model_optim(run, ck['model'], ck['optimizer'], d)
+    except (RuntimeError, KeyError, ValueError) as e:  # another --config/--set, --offload or optimizer than the run that wrote it
+        raise UsageError(f'{path} does not fit this run (same --config, --set and --offload?): {str(e).strip().splitlines()[0][:200]}') from None
     try: loader.load_state_dict(ck['data'][d.rank])
     except ValueError as e: raise UsageError(f'{path}: {e}') from None
     set_rng_state(ck['rng'][d.rank])
     log.info('resumed from %s', path)
     return TrainState(**ck['train'])
 
-# %% ../nbs/70_train.ipynb #03b55892
+# %% ../nbs/70_train.ipynb #3eb4d4b2
 def host_rss_gib() -> float:
     "Resident memory of this process (GiB)."
     try:
@@ -390,7 +395,7 @@ def read_log(path) -> list:
         if line.strip(): r = json.loads(line); recs[r['step']] = r
     return [recs[k] for k in sorted(recs)]
 
-# %% ../nbs/70_train.ipynb #7ac4ebf5
+# %% ../nbs/70_train.ipynb #5281bd5a
 def make_schedule(a):
     from apex3.optim import WSD
     warm = a.warmup_tokens if a.warmup_tokens is not None else 0.01 * a.total_tokens
@@ -399,9 +404,13 @@ def make_schedule(a):
 
 def _due(every, step): return every > 0 and step % every == 0
 
-def _should_stop(a, st, sched, t0):
-    return (sched.done(st.tokens) or (a.max_steps is not None and st.step >= a.max_steps)
-            or (a.max_minutes is not None and time.perf_counter() - t0 >= 60 * a.max_minutes))
+def _should_stop(a, st, sched, t0, d=None, device='cpu'):
+    "Whether the loop ends now; every rank gets the same answer (clocks differ, and a rank that stops alone hangs the rest)."
+    if sched.done(st.tokens) or (a.max_steps is not None and st.step >= a.max_steps): return True
+    late = a.max_minutes is not None and time.perf_counter() - t0 >= 60 * a.max_minutes
+    if a.max_minutes is not None and d is not None and d.world > 1:
+        t = torch.tensor(float(late), device=device); dist.all_reduce(t, op=dist.ReduceOp.MAX); late = bool(t.item())
+    return late
 
 def train(a) -> int:
     "Run (or resume) training as the flags say; the exit status."
@@ -439,15 +448,16 @@ def loop(run, loader, val, sched, st, d) -> int:
     tok, probe = _probe_setup(a, d)
     total = math.ceil(max(0, sched.stop - st.tokens) / step_tokens)
     logger = StepLog(a.log or default_log(a), d, min(total, a.max_steps - st.step) if a.max_steps else total, a.progress, a.tensorboard)
-    t0 = t_last = time.perf_counter()
+    t0 = time.perf_counter()
     saved_at = st.tokens if a.resume else None
     try:
-        while not _should_stop(a, st, sched, t0):
-            rec = train_step(run, loader, st, sched, d)
+        while not _should_stop(a, st, sched, t0, d, run.device):
+            t_step = time.perf_counter()
+            rec = train_step(run, loader, st, sched, d)   # ends on .item(): the device is done
+            dt = time.perf_counter() - t_step             # the step alone: not validation, the probe or a checkpoint
             if val is not None and (_due(a.val_every, st.step) or st.step == 1): rec.update(val_losses(run, val, d))
             if tok is not None and _due(a.arith_every, st.step):
                 rec['arith_acc'] = probe_accuracy(run.model, tok, probe, a.arith_max_new, run.device)
-            now = time.perf_counter(); dt, t_last = now - t_last, now
             rec.update(step_s=dt, tokens_per_s=step_tokens / dt, mfu=flops / dt / (peak * 1e12) if peak else None,
                        **memory_stats(run.device))
             logger.write(rec)
@@ -464,7 +474,7 @@ def loop(run, loader, val, sched, st, d) -> int:
 def default_log(a):
     return str(Path(a.ckpt_dir) / 'train.jsonl') if a.ckpt_dir else 'apex3-train/train.jsonl'
 
-# %% ../nbs/70_train.ipynb #b530c721
+# %% ../nbs/70_train.ipynb #0837a221
 def plot_log(path, out_dir=None) -> dict:
     "Loss (train and validation) and memory figures of a step log; saved as PNG files in `out_dir` when given."
     import matplotlib; import matplotlib.pyplot as plt
@@ -487,7 +497,7 @@ def plot_log(path, out_dir=None) -> dict:
         out[k] = Path(out_dir) / f'{k}.png'; f.savefig(out[k], dpi=110); plt.close(f)
     return out
 
-# %% ../nbs/70_train.ipynb #bf84a8db
+# %% ../nbs/70_train.ipynb #67755a4f
 def _token_root(data_dir):
     "The `tokens/` folder of an `apex3 data demo` output (or of its `out/`, or the folder itself)."
     for p in (Path(data_dir) / 'out' / 'tokens', Path(data_dir) / 'tokens', Path(data_dir)):
@@ -553,7 +563,7 @@ def demo_train(out_dir, data_dir, minutes=2.0, micro_bs=8, seq_len=128, lr=3e-3,
     (out / 'demo.json').write_text(json.dumps(res, indent=1))
     return res
 
-# %% ../nbs/70_train.ipynb #de811359
+# %% ../nbs/70_train.ipynb #58a6e6e8
 def train_main(argv=None) -> int:
     "`apex3 train` / `torchrun -m apex3.train`: train as the flags say; the exit status."
     a = train_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -561,7 +571,7 @@ def train_main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format='%(message)s')
     return train(a)
 
-# %% ../nbs/70_train.ipynb #fece0aac
+# %% ../nbs/70_train.ipynb #e0e20b5b
 def main(argv=None) -> int:
     "Entry point for `python -m apex3.train`, torchrun and the `scripts/train.py` shim: a usage error is one stderr line and status 2."
     try: return train_main(argv)

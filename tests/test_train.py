@@ -14,9 +14,14 @@ def data(tmp_path_factory):
     d = byte_shards(tmp_path_factory.mktemp('bytes'), 200_000)
     return ['--data', f'std=1:{d}/shard-0000[0-2].bin', '--val-data', f'std={d}/shard-00003.bin']
 
+def free_port():
+    "A TCP port nobody listens on now (a fixed port collides with leftovers of other runs)."
+    import socket
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
 def trainer(*args, torchrun=None, **kw):
     "Popen of `python -m apex3.train ARGS` (or under torchrun with N ranks), one thread per process."
-    pre = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(torchrun), '--master_port', '29613'] if torchrun else [sys.executable]
+    pre = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(torchrun), '--master_port', str(free_port())] if torchrun else [sys.executable]
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     return subprocess.Popen([*pre, '-m', 'apex3.train', *map(str, args)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
@@ -104,11 +109,16 @@ def _reference_losses(specs, steps, seq, mb, lr, total, world=2):
 
 def test_fsdp_two_ranks_match_one_process(data, tmp_path):
     steps, spec = 6, data[1]
-    p = trainer(*TINY, '--data', spec, '--total-tokens', 2 * 64 * steps, '--fsdp', '--val-every', 0,
-                '--ckpt-dir', tmp_path / 'fsdp', '--ckpt-every', 2 * 64 * 3, torchrun=2)
-    rc, _, err = finish(p)
+    def run(ckpt):
+        p = trainer(*TINY, '--data', spec, '--total-tokens', 2 * 64 * steps, '--fsdp', '--val-every', 0,
+                    '--ckpt-dir', ckpt, '--ckpt-every', 2 * 64 * 3, torchrun=2)
+        return (*finish(p), ckpt)
+    rc, _, err, ckpt = run(tmp_path / 'fsdp')
+    # gloo's process group can abort at start-up on a starved 2-core machine (seen once, SIGABRT of a rank):
+    # that is the launcher, not the training, so it gets one more start; the assertions below are unchanged.
+    if rc != 0 and ('SIGABRT' in err or 'Signal 6' in err or 'gloo' in err.lower()): rc, _, err, ckpt = run(tmp_path / 'fsdp-again')
     assert rc == 0, err[-3000:]
-    got = [r['loss'] for r in read_log(tmp_path / 'fsdp' / 'train.jsonl')]
+    got = [r['loss'] for r in read_log(ckpt / 'train.jsonl')]
     want = _reference_losses([spec], steps, 32, 2, 3e-3, 2 * 64 * steps)
     assert len(got) == steps
     assert max(abs(g - w) for g, w in zip(got, want)) < 2e-3, (got, want)

@@ -7,17 +7,17 @@ __all__ = ['log', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_confi
            'compile_blocks', 'mark_gemms', 'Run', 'micro_step', 'optimizer_step', 'random_tokens', 'measure_link',
            'bench', 'bench_main', 'main']
 
-# %% ../nbs/25_bench.ipynb #27e5d8ea
+# %% ../nbs/25_bench.ipynb #e2d40f1f
 import contextlib, dataclasses, functools, logging, math, statistics, sys, time
 import torch
 from torch.utils.checkpoint import checkpoint
-from .cli import ArgParser, UsageError
+from .cli import ArgParser, UsageError, run_command
 from .config import get_config, param_counts, ATTN_BACKENDS
 from .records import append_records, device_peak_tflops, GiB
 
 log = logging.getLogger('apex3.bench')
 
-# %% ../nbs/25_bench.ipynb #51110d60
+# %% ../nbs/25_bench.ipynb #c3ebffb6
 def add_run_flags(p):
     "The model and runtime flags shared by `apex3.bench` and `apex3.train`."
     p.add_argument('--config', default='tiny', help='model config: tiny, small, medium, C')
@@ -60,7 +60,7 @@ def bench_parser():
     p.add_argument('--json', help='append the record to this JSONL file')
     return p
 
-# %% ../nbs/25_bench.ipynb #0499943f
+# %% ../nbs/25_bench.ipynb #f1e4b24d
 def run_config(a):
     "The model config of the flags: `--config`, `--set`, and the flags that are config fields."
     extra = [f'{k}={v}' for k, v in (('attn', a.attn), ('moe_chunk', a.moe_chunk), ('seq_len', a.seq_len)) if v is not None]
@@ -71,7 +71,7 @@ def micro_flops(cfg, micro_bs):
     n = param_counts(cfg)
     return (6 * n['active_matmul'] + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.seq_len) * micro_bs * cfg.seq_len
 
-# %% ../nbs/25_bench.ipynb #d828d93a
+# %% ../nbs/25_bench.ipynb #8ebc5a8b
 def _checkpointed(fn):
     "`fn` recomputed in the backward pass instead of keeping its activations."
     @functools.wraps(fn)
@@ -95,7 +95,7 @@ def mark_gemms(model):
     for m in model.modules():
         if isinstance(m, Experts): m._apex3_gemm = True
 
-# %% ../nbs/25_bench.ipynb #2e91026c
+# %% ../nbs/25_bench.ipynb #c38beda0
 class Run:
     "A model, its optimizer and its offload machinery, built from the flags."
     def __init__(self, a):
@@ -126,7 +126,7 @@ class Run:
 def _device_memory(device):
     return torch.cuda.get_device_properties(device).total_memory if device.type == 'cuda' else 16 * GiB
 
-# %% ../nbs/25_bench.ipynb #1ce15641
+# %% ../nbs/25_bench.ipynb #0b3bf55d
 def _act_scope(run):
     if run.act is None or run.a.gemm_offload == 'hooks': return contextlib.nullcontext()
     return run.act.hooks()
@@ -148,7 +148,7 @@ def random_tokens(cfg, micro_bs, gen, device):
     "Random ids below the EOS id: every row is one document."
     return torch.randint(0, cfg.eos_id, (micro_bs, cfg.seq_len + 1), generator=gen).to(device, non_blocking=True)
 
-# %% ../nbs/25_bench.ipynb #35c98535
+# %% ../nbs/25_bench.ipynb #97a66aed
 def measure_link(nbytes=2**30, repeats=3):
     "Pinned host→device and device→host GB/s, best of `repeats` (None without CUDA)."
     if not torch.cuda.is_available(): return dict(h2d_gbs=None, d2h_gbs=None)
@@ -161,7 +161,7 @@ def measure_link(nbytes=2**30, repeats=3):
         return nbytes / best / 1e9
     return dict(h2d_gbs=round(rate(dev, host), 1), d2h_gbs=round(rate(host, dev), 1))
 
-# %% ../nbs/25_bench.ipynb #ecd79fb3
+# %% ../nbs/25_bench.ipynb #916fb740
 def _sync(device):
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
@@ -198,7 +198,7 @@ def bench(a) -> dict:
                 router_max_mean=loads.max().item(), loss_first=losses[0], loss_last=losses[-1],
                 params=param_counts(cfg)['total'], **link)
 
-# %% ../nbs/25_bench.ipynb #6bf257de
+# %% ../nbs/25_bench.ipynb #7143dff5
 def bench_main(argv=None):
     "`apex3 bench` / `python -m apex3.bench`: run the benchmark, print the record, append it to --json."
     a = bench_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -209,12 +209,9 @@ def bench_main(argv=None):
     if a.json: print(f'appended to {append_records([rec], a.json)}')
     return 0
 
-# %% ../nbs/25_bench.ipynb #558abd7b
-def main(argv=None):
-    "Entry point for `python -m apex3.bench`, torchrun and the `scripts/bench_mfu.py` shim: bad flags exit 2 with one line."
-    try: return bench_main(argv)
-    except UsageError as e:
-        print(f'apex3 bench: error: {e}', file=sys.stderr)
-        return 2
+# %% ../nbs/25_bench.ipynb #014a11ef
+def main(argv=None) -> int:
+    "Entry point for `python -m apex3.bench`, torchrun and the `scripts/` shim: a usage error is one stderr line and status 2."
+    return run_command('bench', bench_main, argv)
 
 if __name__ == '__main__' and not hasattr(sys, 'ps1'): sys.exit(main())  # not when a notebook runs this cell

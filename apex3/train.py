@@ -11,20 +11,20 @@ __all__ = ['log', 'add_train_flags', 'train_parser', 'warn_once', 'run_args', 'd
            'make_schedule', 'train', 'loop', 'default_log', 'plot_log', 'demo_specs', 'measure_tokens_per_s', 'sample',
            'demo_train', 'train_main', 'main']
 
-# %% ../nbs/70_train.ipynb #0e2b3e41
+# %% ../nbs/70_train.ipynb #b8af65f4
 import argparse, json, logging, math, os, sys, time
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 import numpy as np
 import torch, torch.distributed as dist
-from .cli import ArgParser, UsageError
+from .cli import ArgParser, UsageError, run_command
 from .bench import add_run_flags, check_run_flags, Run, run_config, micro_step, optimizer_step, micro_flops
 from .config import get_config
 from .records import device_peak_tflops, GiB
 
 log = logging.getLogger('apex3.train')
 
-# %% ../nbs/70_train.ipynb #ef471f49
+# %% ../nbs/70_train.ipynb #757353a5
 def _tokens(s):
     "A token count such as `1.1e12`, `0.51e12` or `1.5T` (argparse reports a ValueError as a bad value)."
     from apex3.plan import parse_number
@@ -65,7 +65,7 @@ def train_parser():
     p = ArgParser(prog='apex3 train', description='Train a model on token shards; resumable, headless, under torchrun.')
     return add_train_flags(add_run_flags(p))
 
-# %% ../nbs/70_train.ipynb #652ccdfa
+# %% ../nbs/70_train.ipynb #17b9d3fa
 _warned = set()
 
 def warn_once(msg):
@@ -96,7 +96,7 @@ def check_data(cfg, specs):
         if m.get('eos_id') is not None and m['eos_id'] != cfg.eos_id:
             warn_once(f"{s!r} ends documents with id {m['eos_id']} but the model's eos_id is {cfg.eos_id}: attention will cross documents (--eos-id)")
 
-# %% ../nbs/70_train.ipynb #bf395f53
+# %% ../nbs/70_train.ipynb #26b55ccb
 def byte_shards(folder, n_bytes=1_000_000, n_shards=4, seed=0, max_doc=8192) -> Path:
     "Token shards of standard-library source files (their first `max_doc` bytes, EOS 256 after each) in `folder`; returns it."
     import random, sysconfig
@@ -113,7 +113,7 @@ def byte_shards(folder, n_bytes=1_000_000, n_shards=4, seed=0, max_doc=8192) -> 
     (folder / 'meta.json').write_text(json.dumps(dict(dtype='uint16', vocab_size=257, eos_id=256, tokenizer='bytes')))
     return folder
 
-# %% ../nbs/70_train.ipynb #7cb16ae1
+# %% ../nbs/70_train.ipynb #35460ce3
 @dataclass
 class Dist:
     "This process's place in the job."
@@ -149,7 +149,7 @@ def sync_expert_loads(model, d):
     if d.world == 1: return
     for layer in model.layers: dist.all_reduce(layer.moe.expert_load)
 
-# %% ../nbs/70_train.ipynb #8217807d
+# %% ../nbs/70_train.ipynb #1f8d1621
 def check_args(a, d):
     "Usage errors of a run's flags, before anything is built."
     if not a.data: raise UsageError('--data NAME=WEIGHT:GLOB is required')
@@ -176,7 +176,7 @@ def build_run(a, d):
         run.opt = build_optimizer(run.model, lr=a.lr)
     return run
 
-# %% ../nbs/70_train.ipynb #ff757a0c
+# %% ../nbs/70_train.ipynb #777499c2
 @dataclass
 class TrainState:
     "The loop's position: what a checkpoint must hold besides model, optimizer, data cursor and RNG."
@@ -215,7 +215,7 @@ def train_step(run, loader, st, sched, d) -> dict:
     st.step, st.tokens = rec['step'], rec['tokens']
     return rec
 
-# %% ../nbs/70_train.ipynb #ecfbe03b
+# %% ../nbs/70_train.ipynb #6060a049
 class ValSet:
     "Fixed validation rows of every `NAME=GLOB` source, this rank's slice."
     def __init__(self, specs, seq_len, micro_bs, batches, rank=0, world=1):
@@ -242,7 +242,7 @@ def val_losses(run, val, d) -> dict:
     finally: model.train()
     return out
 
-# %% ../nbs/70_train.ipynb #2f0df5d2
+# %% ../nbs/70_train.ipynb #ac01036d
 class ByteTokenizer:
     "Token ids are UTF-8 bytes (the `byte_shards` data)."
     def encode(self, text): return list(text.encode())
@@ -288,7 +288,7 @@ def probe_accuracy(model, tok, probe, max_new, device) -> float:
         hits += tok.decode(out[0, len(ids):].tolist()).strip().startswith(answer)
     return hits / max(1, len(probe))
 
-# %% ../nbs/70_train.ipynb #a93d8772
+# %% ../nbs/70_train.ipynb #685e4c68
 def _full_options(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
@@ -343,7 +343,7 @@ def restore_state(run, loader, d):
     log.info('resumed from %s', path)
     return TrainState(**ck['train'])
 
-# %% ../nbs/70_train.ipynb #3eb4d4b2
+# %% ../nbs/70_train.ipynb #b505dd81
 def host_rss_gib() -> float:
     "Resident memory of this process (GiB)."
     try:
@@ -395,7 +395,7 @@ def read_log(path) -> list:
         if line.strip(): r = json.loads(line); recs[r['step']] = r
     return [recs[k] for k in sorted(recs)]
 
-# %% ../nbs/70_train.ipynb #5281bd5a
+# %% ../nbs/70_train.ipynb #c37937fa
 def make_schedule(a):
     from apex3.optim import WSD
     warm = a.warmup_tokens if a.warmup_tokens is not None else 0.01 * a.total_tokens
@@ -474,7 +474,7 @@ def loop(run, loader, val, sched, st, d) -> int:
 def default_log(a):
     return str(Path(a.ckpt_dir) / 'train.jsonl') if a.ckpt_dir else 'apex3-train/train.jsonl'
 
-# %% ../nbs/70_train.ipynb #0837a221
+# %% ../nbs/70_train.ipynb #429b49f2
 def plot_log(path, out_dir=None) -> dict:
     "Loss (train and validation) and memory figures of a step log; saved as PNG files in `out_dir` when given."
     import matplotlib; import matplotlib.pyplot as plt
@@ -497,7 +497,7 @@ def plot_log(path, out_dir=None) -> dict:
         out[k] = Path(out_dir) / f'{k}.png'; f.savefig(out[k], dpi=110); plt.close(f)
     return out
 
-# %% ../nbs/70_train.ipynb #67755a4f
+# %% ../nbs/70_train.ipynb #ef26ec3b
 def _token_root(data_dir):
     "The `tokens/` folder of an `apex3 data demo` output (or of its `out/`, or the folder itself)."
     for p in (Path(data_dir) / 'out' / 'tokens', Path(data_dir) / 'tokens', Path(data_dir)):
@@ -563,7 +563,7 @@ def demo_train(out_dir, data_dir, minutes=2.0, micro_bs=8, seq_len=128, lr=3e-3,
     (out / 'demo.json').write_text(json.dumps(res, indent=1))
     return res
 
-# %% ../nbs/70_train.ipynb #58a6e6e8
+# %% ../nbs/70_train.ipynb #40d04eda
 def train_main(argv=None) -> int:
     "`apex3 train` / `torchrun -m apex3.train`: train as the flags say; the exit status."
     a = train_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -571,12 +571,9 @@ def train_main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format='%(message)s')
     return train(a)
 
-# %% ../nbs/70_train.ipynb #e0e20b5b
+# %% ../nbs/70_train.ipynb #a493a04a
 def main(argv=None) -> int:
-    "Entry point for `python -m apex3.train`, torchrun and the `scripts/train.py` shim: a usage error is one stderr line and status 2."
-    try: return train_main(argv)
-    except UsageError as e:
-        print(f'apex3 train: error: {e}', file=sys.stderr)
-        return 2
+    "Entry point for `python -m apex3.train`, torchrun and the `scripts/` shim: a usage error is one stderr line and status 2."
+    return run_command('train', train_main, argv)
 
 if __name__ == '__main__' and not hasattr(sys, 'ps1'): sys.exit(main())  # not when a notebook runs this cell

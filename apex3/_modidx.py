@@ -613,6 +613,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.train.arith_probe_file': ('train.html#arith_probe_file', 'apex3/train.py'),
                              'apex3.train.build_run': ('train.html#build_run', 'apex3/train.py'),
                              'apex3.train.byte_shards': ('train.html#byte_shards', 'apex3/train.py'),
+                             'apex3.train.changed_flags': ('train.html#changed_flags', 'apex3/train.py'),
                              'apex3.train.check_args': ('train.html#check_args', 'apex3/train.py'),
                              'apex3.train.check_data': ('train.html#check_data', 'apex3/train.py'),
                              'apex3.train.data_meta': ('train.html#data_meta', 'apex3/train.py'),

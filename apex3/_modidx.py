@@ -621,6 +621,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.train.demo_specs': ('train.html#demo_specs', 'apex3/train.py'),
                              'apex3.train.demo_train': ('train.html#demo_train', 'apex3/train.py'),
                              'apex3.train.discard_step': ('train.html#discard_step', 'apex3/train.py'),
+                             'apex3.train.doc_overflow_count': ('train.html#doc_overflow_count', 'apex3/train.py'),
                              'apex3.train.find_tokenizer': ('train.html#find_tokenizer', 'apex3/train.py'),
                              'apex3.train.global_mean': ('train.html#global_mean', 'apex3/train.py'),
                              'apex3.train.host_rss_gib': ('train.html#host_rss_gib', 'apex3/train.py'),
@@ -647,4 +648,5 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.train.train_parser': ('train.html#train_parser', 'apex3/train.py'),
                              'apex3.train.train_step': ('train.html#train_step', 'apex3/train.py'),
                              'apex3.train.val_losses': ('train.html#val_losses', 'apex3/train.py'),
+                             'apex3.train.warn_doc_overflow': ('train.html#warn_doc_overflow', 'apex3/train.py'),
                              'apex3.train.warn_once': ('train.html#warn_once', 'apex3/train.py')}}}

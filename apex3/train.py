@@ -5,13 +5,13 @@
 # %% auto #0
 __all__ = ['log', 'TRAJECTORY_FLAGS', 'add_train_flags', 'train_parser', 'warn_once', 'run_args', 'data_meta', 'check_data',
            'byte_shards', 'Dist', 'init_distributed', 'shard_model', 'global_mean', 'sync_expert_loads', 'check_args',
-           'build_run', 'TrainState', 'discard_step', 'train_step', 'ValSet', 'val_losses', 'ByteTokenizer',
-           'HFTokenizer', 'find_tokenizer', 'load_probe', 'arith_probe_file', 'probe_accuracy', 'model_optim_state',
-           'load_model_optim', 'save_state', 'changed_flags', 'restore_state', 'host_rss_gib', 'memory_stats',
-           'StepLog', 'read_log', 'make_schedule', 'train', 'loop', 'default_log', 'plot_log', 'demo_specs',
-           'measure_tokens_per_s', 'sample', 'demo_train', 'train_main', 'main']
+           'build_run', 'TrainState', 'discard_step', 'doc_overflow_count', 'warn_doc_overflow', 'train_step', 'ValSet',
+           'val_losses', 'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'load_probe', 'arith_probe_file',
+           'probe_accuracy', 'model_optim_state', 'load_model_optim', 'save_state', 'changed_flags', 'restore_state',
+           'host_rss_gib', 'memory_stats', 'StepLog', 'read_log', 'make_schedule', 'train', 'loop', 'default_log',
+           'plot_log', 'demo_specs', 'measure_tokens_per_s', 'sample', 'demo_train', 'train_main', 'main']
 
-# %% ../nbs/70_train.ipynb #0ca64fb1
+# %% ../nbs/70_train.ipynb #29420527
 import argparse, json, logging, math, os, sys, time
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
@@ -24,7 +24,7 @@ from .records import device_peak_tflops, GiB
 
 log = logging.getLogger('apex3.train')
 
-# %% ../nbs/70_train.ipynb #d335a0a1
+# %% ../nbs/70_train.ipynb #deab9e80
 def _tokens(s):
     "A token count such as `1.1e12`, `0.51e12` or `1.5T` (argparse reports a ValueError as a bad value)."
     from apex3.plan import parse_number
@@ -65,7 +65,7 @@ def train_parser():
     p = ArgParser(prog='apex3 train', description='Train a model on token shards; resumable, headless, under torchrun.')
     return add_train_flags(add_run_flags(p))
 
-# %% ../nbs/70_train.ipynb #64ab45b7
+# %% ../nbs/70_train.ipynb #4b0fb7e5
 _warned = set()
 
 def warn_once(msg):
@@ -96,7 +96,7 @@ def check_data(cfg, specs):
         if m.get('eos_id') is not None and m['eos_id'] != cfg.eos_id:
             warn_once(f"{s!r} ends documents with id {m['eos_id']} but the model's eos_id is {cfg.eos_id}: attention will cross documents (--eos-id)")
 
-# %% ../nbs/70_train.ipynb #38efc74c
+# %% ../nbs/70_train.ipynb #fbb36bda
 def byte_shards(folder, n_bytes=1_000_000, n_shards=4, seed=0, max_doc=8192) -> Path:
     "Token shards of standard-library source files (their first `max_doc` bytes, EOS 256 after each) in `folder`; returns it."
     import random, sysconfig
@@ -113,7 +113,7 @@ def byte_shards(folder, n_bytes=1_000_000, n_shards=4, seed=0, max_doc=8192) -> 
     (folder / 'meta.json').write_text(json.dumps(dict(dtype='uint16', vocab_size=257, eos_id=256, tokenizer='bytes')))
     return folder
 
-# %% ../nbs/70_train.ipynb #e4e5115f
+# %% ../nbs/70_train.ipynb #a3e6b9db
 @dataclass
 class Dist:
     "This process's place in the job."
@@ -149,7 +149,7 @@ def sync_expert_loads(model, d):
     if d.world == 1: return
     for layer in model.layers: dist.all_reduce(layer.moe.expert_load)
 
-# %% ../nbs/70_train.ipynb #cc52f02b
+# %% ../nbs/70_train.ipynb #3d8fdd23
 def check_args(a, d):
     "Usage errors of a run's flags, before anything is built."
     if not a.data: raise UsageError('--data NAME=WEIGHT:GLOB is required')
@@ -176,7 +176,7 @@ def build_run(a, d):
         run.opt = build_optimizer(run.model, lr=a.lr)
     return run
 
-# %% ../nbs/70_train.ipynb #996d26d4
+# %% ../nbs/70_train.ipynb #e0209fe2
 @dataclass
 class TrainState:
     "The loop's position: what a checkpoint must hold besides model, optimizer, data cursor and RNG."
@@ -196,16 +196,30 @@ def _poisoned(fn):
     def loss(*args, **kw): return fn(*args, **kw) * float('nan')
     return loss
 
+def doc_overflow_count(batches, cfg):
+    "Device scalar: documents, over these micro-batches, beyond the `max_docs` slots of their rows' `cu_seqlens`."
+    from apex3.model import doc_overflow
+    return sum(doc_overflow(x[:, :-1], cfg.eos_id, cfg.max_docs) for x in batches)
+
+def warn_doc_overflow(run, n):
+    "Say once when documents shared a `cu_seqlens` slot: the varlen and fa3 backends then attend across their boundary."
+    if n and run.model.attention_backend(run.device) in ('varlen', 'fa3'):
+        warn_once(f'{n} documents found no cu_seqlens slot (max_docs={run.cfg.max_docs}): attention crosses their '
+                  'boundaries; raise it with --set max_docs=N')
+
 def train_step(run, loader, st, sched, d) -> dict:
     "One optimizer step of `accum` micro-batches at the schedule's lr; a non-finite loss skips it. Returns the step's record."
     a, fn = run.a, run.loss_fn
     run.opt.set_lr_factor(sched(st.tokens))
     if st.step + 1 in a.inject_nan_at: run.loss_fn = _poisoned(fn)
-    try: losses = [micro_step(run, torch.from_numpy(loader.next_batch()).to(run.device)) for _ in range(a.accum)]
+    batches = [torch.from_numpy(loader.next_batch()).to(run.device) for _ in range(a.accum)]
+    try: losses = [micro_step(run, x) for x in batches]
     finally: run.loss_fn = fn
     loss = global_mean(torch.stack(losses).mean(), d).item()
+    over = int(doc_overflow_count(batches, run.cfg).item())  # after the loss's sync: no extra stall
+    warn_doc_overflow(run, over)
     rec = dict(step=st.step + 1, tokens=st.tokens + a.accum * a.micro_bs * run.cfg.seq_len * d.world,
-               loss=loss, lr=run.opt.param_groups[0]['lr'], skipped=not math.isfinite(loss))
+               loss=loss, lr=run.opt.param_groups[0]['lr'], skipped=not math.isfinite(loss), doc_overflow=over)
     if rec['skipped']:
         discard_step(run); st.bad_streak += 1; st.skipped += 1
     else:
@@ -215,7 +229,7 @@ def train_step(run, loader, st, sched, d) -> dict:
     st.step, st.tokens = rec['step'], rec['tokens']
     return rec
 
-# %% ../nbs/70_train.ipynb #ad66dffc
+# %% ../nbs/70_train.ipynb #4f8d3fac
 class ValSet:
     "Fixed validation rows of every `NAME=GLOB` source, this rank's slice."
     def __init__(self, specs, seq_len, micro_bs, batches, rank=0, world=1):
@@ -242,7 +256,7 @@ def val_losses(run, val, d) -> dict:
     finally: model.train()
     return out
 
-# %% ../nbs/70_train.ipynb #82e357cd
+# %% ../nbs/70_train.ipynb #77f88a6f
 class ByteTokenizer:
     "Token ids are UTF-8 bytes (the `byte_shards` data)."
     def encode(self, text): return list(text.encode())
@@ -288,7 +302,7 @@ def probe_accuracy(model, tok, probe, max_new, device) -> float:
         hits += tok.decode(out[0, len(ids):].tolist()).strip().startswith(answer)
     return hits / max(1, len(probe))
 
-# %% ../nbs/70_train.ipynb #b2266e46
+# %% ../nbs/70_train.ipynb #73350f55
 def _full_options(**kw):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
@@ -355,7 +369,7 @@ def restore_state(run, loader, d):
     log.info('resumed from %s', path)
     return TrainState(**ck['train'])
 
-# %% ../nbs/70_train.ipynb #a89715f2
+# %% ../nbs/70_train.ipynb #85dc580b
 def host_rss_gib() -> float:
     "Resident memory of this process (GiB)."
     try:
@@ -407,7 +421,7 @@ def read_log(path) -> list:
         if line.strip(): r = json.loads(line); recs[r['step']] = r
     return [recs[k] for k in sorted(recs)]
 
-# %% ../nbs/70_train.ipynb #1091d9ac
+# %% ../nbs/70_train.ipynb #526db22d
 def make_schedule(a):
     from apex3.optim import WSD
     warm = a.warmup_tokens if a.warmup_tokens is not None else 0.01 * a.total_tokens
@@ -486,7 +500,7 @@ def loop(run, loader, val, sched, st, d) -> int:
 def default_log(a):
     return str(Path(a.ckpt_dir) / 'train.jsonl') if a.ckpt_dir else 'apex3-train/train.jsonl'
 
-# %% ../nbs/70_train.ipynb #ce30581a
+# %% ../nbs/70_train.ipynb #87115655
 def plot_log(path, out_dir=None) -> dict:
     "Loss (train and validation) and memory figures of a step log; saved as PNG files in `out_dir` when given."
     import matplotlib; import matplotlib.pyplot as plt
@@ -509,7 +523,7 @@ def plot_log(path, out_dir=None) -> dict:
         out[k] = Path(out_dir) / f'{k}.png'; f.savefig(out[k], dpi=110); plt.close(f)
     return out
 
-# %% ../nbs/70_train.ipynb #21bcb16a
+# %% ../nbs/70_train.ipynb #3b0cee4b
 def _token_root(data_dir):
     "The `tokens/` folder of an `apex3 data demo` output (or of its `out/`, or the folder itself)."
     for p in (Path(data_dir) / 'out' / 'tokens', Path(data_dir) / 'tokens', Path(data_dir)):
@@ -575,7 +589,7 @@ def demo_train(out_dir, data_dir, minutes=2.0, micro_bs=8, seq_len=128, lr=3e-3,
     (out / 'demo.json').write_text(json.dumps(res, indent=1))
     return res
 
-# %% ../nbs/70_train.ipynb #c988aaa6
+# %% ../nbs/70_train.ipynb #408fad82
 def train_main(argv=None) -> int:
     "`apex3 train` / `torchrun -m apex3.train`: train as the flags say; the exit status."
     a = train_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -583,7 +597,7 @@ def train_main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format='%(message)s')
     return train(a)
 
-# %% ../nbs/70_train.ipynb #7bc59775
+# %% ../nbs/70_train.ipynb #efba6b1f
 def main(argv=None) -> int:
     "Entry point for `python -m apex3.train`, torchrun and the `scripts/` shim: a usage error is one stderr line and status 2."
     return run_command('train', train_main, argv)

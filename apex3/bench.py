@@ -7,7 +7,7 @@ __all__ = ['log', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_confi
            'compile_blocks', 'mark_gemms', 'Run', 'micro_step', 'optimizer_step', 'random_tokens', 'measure_link',
            'bench', 'bench_main', 'main']
 
-# %% ../nbs/25_bench.ipynb #25595df8
+# %% ../nbs/25_bench.ipynb #55058469
 import contextlib, dataclasses, functools, logging, math, statistics, sys, time
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -17,7 +17,7 @@ from .records import append_records, device_peak_tflops, GiB
 
 log = logging.getLogger('apex3.bench')
 
-# %% ../nbs/25_bench.ipynb #e6f4d2c9
+# %% ../nbs/25_bench.ipynb #4886a128
 def add_run_flags(p):
     "The model and runtime flags shared by `apex3.bench` and `apex3.train`."
     p.add_argument('--config', default='tiny', help='model config: tiny, small, medium, C')
@@ -64,7 +64,7 @@ def bench_parser():
     p.add_argument('--json', help='append the record to this JSONL file')
     return p
 
-# %% ../nbs/25_bench.ipynb #5cd8a1b8
+# %% ../nbs/25_bench.ipynb #36c3702e
 def run_config(a):
     "The model config of the flags: `--config`, `--set`, and the flags that are config fields."
     extra = [f'{k}={v}' for k, v in (('attn', a.attn), ('moe_chunk', a.moe_chunk), ('seq_len', a.seq_len)) if v is not None]
@@ -75,7 +75,7 @@ def micro_flops(cfg, micro_bs):
     n = param_counts(cfg)
     return (6 * n['active_matmul'] + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.seq_len) * micro_bs * cfg.seq_len
 
-# %% ../nbs/25_bench.ipynb #725642fa
+# %% ../nbs/25_bench.ipynb #82f143a1
 def _checkpointed(fn):
     "`fn` recomputed in the backward pass instead of keeping its activations."
     @functools.wraps(fn)
@@ -99,7 +99,7 @@ def mark_gemms(model):
     for m in model.modules():
         if isinstance(m, Experts): m._apex3_gemm = True
 
-# %% ../nbs/25_bench.ipynb #c8dd0123
+# %% ../nbs/25_bench.ipynb #1e0e9c44
 class Run:
     "A model, its optimizer and its offload machinery, built from the flags."
     def __init__(self, a):
@@ -130,7 +130,7 @@ class Run:
 def _device_memory(device):
     return torch.cuda.get_device_properties(device).total_memory if device.type == 'cuda' else 16 * GiB
 
-# %% ../nbs/25_bench.ipynb #56c69331
+# %% ../nbs/25_bench.ipynb #8cc849f4
 def _act_scope(run):
     if run.act is None or run.a.gemm_offload == 'hooks': return contextlib.nullcontext()
     return run.act.hooks()
@@ -152,7 +152,7 @@ def random_tokens(cfg, micro_bs, gen, device):
     "Random ids below the EOS id: every row is one document."
     return torch.randint(0, cfg.eos_id, (micro_bs, cfg.seq_len + 1), generator=gen).to(device, non_blocking=True)
 
-# %% ../nbs/25_bench.ipynb #d7a8bce0
+# %% ../nbs/25_bench.ipynb #16952904
 def measure_link(nbytes=2**30, repeats=3):
     "Pinned host→device and device→host GB/s, best of `repeats` (None without CUDA)."
     if not torch.cuda.is_available(): return dict(h2d_gbs=None, d2h_gbs=None)
@@ -165,7 +165,7 @@ def measure_link(nbytes=2**30, repeats=3):
         return nbytes / best / 1e9
     return dict(h2d_gbs=round(rate(dev, host), 1), d2h_gbs=round(rate(host, dev), 1))
 
-# %% ../nbs/25_bench.ipynb #7948db86
+# %% ../nbs/25_bench.ipynb #91e4a46f
 def _sync(device):
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
@@ -202,7 +202,7 @@ def bench(a) -> dict:
                 router_max_mean=loads.max().item(), loss_first=losses[0], loss_last=losses[-1],
                 params=param_counts(cfg)['total'], **link)
 
-# %% ../nbs/25_bench.ipynb #86ecdb79
+# %% ../nbs/25_bench.ipynb #e51edbbd
 def bench_main(argv=None):
     "`apex3 bench` / `python -m apex3.bench`: run the benchmark, print the record, append it to --json."
     a = bench_parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -213,7 +213,7 @@ def bench_main(argv=None):
     if a.json: print(f'appended to {append_records([rec], a.json)}')
     return 0
 
-# %% ../nbs/25_bench.ipynb #55ba1789
+# %% ../nbs/25_bench.ipynb #53a598c4
 def main(argv=None) -> int:
     "Entry point for `python -m apex3.bench`, torchrun and the `scripts/` shim: a usage error is one stderr line and status 2."
     return run_command('bench', bench_main, argv)

@@ -6,7 +6,7 @@
 __all__ = ['log', 'GiB', 'host_available_bytes', 'PinnedPool', 'accum_kernel', 'accumulate_', 'dense', 'ActivationOffload',
            'is_gemm_module', 'gemm_offload_hooks', 'OffloadOptimizer']
 
-# %% ../nbs/20_offload.ipynb #6b80c48b
+# %% ../nbs/20_offload.ipynb #b5b880af
 import contextlib, logging, os, threading, weakref
 from collections import defaultdict
 import torch, torch.nn as nn
@@ -15,7 +15,7 @@ from .cli import UsageError
 log = logging.getLogger('apex3.offload')
 GiB = 2**30
 
-# %% ../nbs/20_offload.ipynb #817b38cf
+# %% ../nbs/20_offload.ipynb #4104e659
 def host_available_bytes() -> int:
     "Bytes of host memory available now (MemAvailable), or physical memory where /proc is absent."
     try:
@@ -25,7 +25,7 @@ def host_available_bytes() -> int:
     except OSError: pass
     return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
-# %% ../nbs/20_offload.ipynb #42e52a67
+# %% ../nbs/20_offload.ipynb #d3e5dc27
 class PinnedPool:
     "Bounded page-locked host memory with size-keyed reuse; what does not fit is counted as overflow."
     def __init__(self, budget_bytes, pin=None, available=None):
@@ -65,7 +65,7 @@ class PinnedPool:
         return dict(host_pinned_gib=self.reserved / GiB, host_in_use_gib=self.in_use / GiB,
                     host_peak_gib=self.peak / GiB, overflow_gib=self.overflow / GiB, overflows=self.overflows)
 
-# %% ../nbs/20_offload.ipynb #d7482ab6
+# %% ../nbs/20_offload.ipynb #5746e664
 _ACCUM_SRC = r'''
 #include <torch/extension.h>
 #include <cstring>
@@ -109,7 +109,7 @@ def accumulate_(acc, src, impl='kernel'):
     else: acc.add_(src.float())
     return acc
 
-# %% ../nbs/20_offload.ipynb #8faaf315
+# %% ../nbs/20_offload.ipynb #a36ff801
 class _Offloaded:
     "A saved tensor waiting on the host, in a buffer with the tensor's own strides."
     __slots__ = ('flat', 'host', 'device', 'ready', 'back', 'back_ready')
@@ -125,7 +125,7 @@ def dense(t):
         expect *= n
     return True
 
-# %% ../nbs/20_offload.ipynb #8ae79cf7
+# %% ../nbs/20_offload.ipynb #3b2a3992
 class ActivationOffload:
     "Saved-tensor hooks that keep chosen activations in a `PinnedPool` between forward and backward."
     def __init__(self, pool, max_tensors=None, keep_bytes=None, min_bytes=2**16, params=(), prefetch=2):
@@ -152,7 +152,7 @@ class ActivationOffload:
     def stats(self):
         return dict(offloaded_tensors=self.tensors, offloaded_gib=self.bytes / GiB, kept_gib=self.kept / GiB, **self.pool.stats())
 
-# %% ../nbs/20_offload.ipynb #4746e46f
+# %% ../nbs/20_offload.ipynb #4225517a
 def _pack(self, t):
     n = t.numel() * t.element_size()
     if n < self.min_bytes or t.data_ptr() in self.param_ptrs or not dense(t): return t
@@ -175,7 +175,7 @@ def _pack(self, t):
 
 ActivationOffload.pack = _pack
 
-# %% ../nbs/20_offload.ipynb #16de3bff
+# %% ../nbs/20_offload.ipynb #bbff46ab
 def _fetch(self, h):
     "Start copying `h` back to its device (once)."
     if h.back is not None: return
@@ -199,7 +199,7 @@ def _unpack(self, h):
 
 ActivationOffload._fetch, ActivationOffload.unpack = _fetch, _unpack
 
-# %% ../nbs/20_offload.ipynb #31e9ba49
+# %% ../nbs/20_offload.ipynb #54a293d8
 def _hooks(self): return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 ActivationOffload.hooks = _hooks
 
@@ -212,12 +212,12 @@ def gemm_offload_hooks(model, offload):
     gemms = [m for m in model.modules() if is_gemm_module(m)]
     return [h for m in gemms for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
 
-# %% ../nbs/20_offload.ipynb #569fa430
+# %% ../nbs/20_offload.ipynb #29507159
 from concurrent.futures import ThreadPoolExecutor
 import torch.optim.adamw as _adamw
 from .optim import build_optimizer, muon_update_chunk, muon_group_kwargs
 
-# %% ../nbs/20_offload.ipynb #9904c1c4
+# %% ../nbs/20_offload.ipynb #b9378222
 def _n_state(group):
     "FP32 state tensors per parameter of an optimizer group: Muon's momentum, or AdamW's two moments."
     return 1 if 'momentum' in group else 2
@@ -233,7 +233,7 @@ class _Slot:
     @property
     def nbytes(self): return self.master.numel() * 4
 
-# %% ../nbs/20_offload.ipynb #394eff63
+# %% ../nbs/20_offload.ipynb #05765cbc
 class OffloadOptimizer:
     "Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU."
     def __init__(self, model, accum='cpu', pool=None, chunk_bytes=512 * 2**20, **opt_kwargs):
@@ -266,7 +266,7 @@ class OffloadOptimizer:
 
     def set_lr_factor(self, f): self.reference.set_lr_factor(f)
 
-# %% ../nbs/20_offload.ipynb #be95b0af
+# %% ../nbs/20_offload.ipynb #b8816668
 def _grad_hook(self, s):
     def hook(p):
         g, p.grad = p.grad, None  # the GPU copy is freed as soon as it is on its way
@@ -298,7 +298,7 @@ def _wait(self):
 
 OffloadOptimizer._grad_hook, OffloadOptimizer._add, OffloadOptimizer.wait = _grad_hook, _add, _wait
 
-# %% ../nbs/20_offload.ipynb #7104cf41
+# %% ../nbs/20_offload.ipynb #53f2251b
 def _chunks(self):
     "Slots grouped by optimizer group, cut into chunks of about `chunk_bytes`."
     out = []
@@ -322,7 +322,7 @@ def _update(chunk, m, st, gr):
 
 OffloadOptimizer._chunks = _chunks
 
-# %% ../nbs/20_offload.ipynb #044a5a3f
+# %% ../nbs/20_offload.ipynb #a5053e84
 @torch.no_grad()
 def _step(self):
     "One optimizer step over every parameter that received a gradient, streamed chunk by chunk."
@@ -363,7 +363,7 @@ def _discard(self):
 
 OffloadOptimizer.step, OffloadOptimizer.zero_grad, OffloadOptimizer.discard = _step, _zero_grad, _discard
 
-# %% ../nbs/20_offload.ipynb #384ef9be
+# %% ../nbs/20_offload.ipynb #53e89b69
 def _state_dict(self):
     "Group hyperparameters and every parameter's FP32 master, optimizer state and step (host tensors)."
     self.wait()

@@ -394,7 +394,7 @@ def bench_fp8_linears(tokens=49_152, shapes=C_LINEARS, recipes=('bf16', 'tensorw
     return recs
 
 # %% ../nbs/15_kernels.ipynb #43671534
-def _experts_run(rows, E, d, ffn, fp8, device='cuda'):
+def _experts_run(rows, E, d, ffn, fp8, device='cuda', compile=False):
     x = torch.randn(rows, d, device=device, dtype=torch.bfloat16, requires_grad=True)
     w1 = (torch.randn(E, 2 * ffn, d, device=device) / d**.5).to(torch.bfloat16).requires_grad_()
     w2 = (torch.randn(E, d, ffn, device=device) / ffn**.5).to(torch.bfloat16).requires_grad_()
@@ -404,24 +404,30 @@ def _experts_run(rows, E, d, ffn, fp8, device='cuda'):
         from torchao.prototype.moe_training import _to_fp8_rowwise_then_scaled_grouped_mm
         mm = functools.partial(_to_fp8_rowwise_then_scaled_grouped_mm, pad_token_groups_for_grouped_mm=False)
     else: mm = lambda a, b, offs: torch._grouped_mm(a, b, offs=offs)
+    def swiglu(x, w1, w2):
+        gate, up = mm(x, w1.transpose(-2, -1), offs).chunk(2, dim=-1)
+        return mm(F.silu(gate) * up, w2.transpose(-2, -1), offs)
+    fwd = torch.compile(swiglu) if compile else swiglu   # compiled: the FP8 casts and scales fuse into few kernels
     def run():
         x.grad = w1.grad = w2.grad = None
-        gate, up = mm(x, w1.transpose(-2, -1), offs).chunk(2, dim=-1)
-        mm(F.silu(gate) * up, w2.transpose(-2, -1), offs).backward(gy)
+        fwd(x, w1, w2).backward(gy)
     return run
 
-def bench_fp8_experts(rows=196_608, E=64, d=2560, ffn=1280, recipes=('bf16', 'rowwise'), warmup=3, repeats=10,
-                      device='cuda', path=RECORDS):
-    "TFLOP/s of one SwiGLU grouped-expert layer, forward + backward: bf16 `_grouped_mm` vs torchao FP8 rowwise; append records."
-    recs, flop, base = [], 6 * rows * 3 * d * ffn, None
-    for recipe in recipes:
-        rec = dict(kind='fp8_experts', rows=rows, experts=E, hidden=d, ffn=ffn, recipe=recipe, compiled=False)
-        r = attempt(lambda: time_fn(_experts_run(rows, E, d, ffn, recipe != 'bf16', device), warmup, repeats, device), recipe == 'bf16')
-        if r['status'] == 'ok':
-            r['tflops'] = flop / r['seconds'] / 1e12
-            base = r['tflops'] if recipe == 'bf16' else base
-            r['speedup_vs_bf16'] = r['tflops'] / base if base else None
-        recs.append({**rec, **r})
+def bench_fp8_experts(rows=196_608, E=64, d=2560, ffn=1280, recipes=('bf16', 'rowwise'), compiled=(False, True),
+                      warmup=3, repeats=10, device='cuda', path=RECORDS):
+    "TFLOP/s of one SwiGLU grouped-expert layer, forward + backward: bf16 `_grouped_mm` vs torchao FP8 rowwise, eager and compiled; append records."
+    recs, flop = [], 6 * rows * 3 * d * ffn
+    for comp in compiled:
+        base = None
+        for recipe in recipes:
+            rec = dict(kind='fp8_experts', rows=rows, experts=E, hidden=d, ffn=ffn, recipe=recipe, compiled=comp)
+            run = lambda: time_fn(_experts_run(rows, E, d, ffn, recipe != 'bf16', device, comp), warmup, repeats, device)
+            r = attempt(run, recipe == 'bf16')
+            if r['status'] == 'ok':
+                r['tflops'] = flop / r['seconds'] / 1e12
+                base = r['tflops'] if recipe == 'bf16' else base
+                r['speedup_vs_bf16'] = r['tflops'] / base if base else None
+            recs.append({**rec, **r})
     append_records(recs, path)
     return recs
 
@@ -442,7 +448,7 @@ def plot_kernel_records(path=RECORDS):
         _bars(axs[1], names, [r.get('peak_extra_gib', 0) for r in ce], 'peak GiB above the inputs')
         axs[0].set_title(f"CE + z-loss, {ce[0]['tokens']:,} × {ce[0]['hidden']} × {ce[0]['vocab']:,}")
     if fp:
-        labels = [f"{r.get('module', 'experts')} {r['recipe']}" for r in fp]
+        labels = [f"{r.get('module', 'experts' + ' compiled' * r.get('compiled', False))} {r['recipe']}" for r in fp]
         _bars(axs[2], labels, [r['tflops'] for r in fp], 'TFLOP/s, forward + backward')
         axs[2].set_title("FP8 vs bf16 at C's shapes")
     fig.suptitle((ce or fp)[0].get('device', '')); fig.tight_layout()

@@ -21,6 +21,7 @@ for nb in "$@"; do
   echo "== $nb"; start=$(date +%s)
   /tmp/site/bin/nbdev-test --flags gpu --n-workers 1 --do-print --verbose --timing "$nb" || status=1
   echo "   $(( $(date +%s) - start )) s"
+  # after every chapter, so a run cut short by the time limit still brings back what it measured
+  if [ -n "${OUT:-}" ]; then mkdir -p "$OUT/records"; cp records/*.jsonl "$OUT/records/" 2>/dev/null; fi
 done
-if [ -n "${OUT:-}" ]; then mkdir -p "$OUT/records"; cp records/*.jsonl "$OUT/records/" 2>/dev/null; fi
 exit $status

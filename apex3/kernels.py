@@ -297,6 +297,9 @@ def ce_peers(z_loss=1e-4, chunks=(1024, 2048, 4096), compile=True):
     peers = {f'apex3-triton-{c}': (c, functools.partial(fused_linear_cross_entropy, z_loss=z_loss, chunk=c)) for c in chunks}
     peers['apex3-torch-4096'] = (4096, functools.partial(fused_linear_cross_entropy, z_loss=z_loss, chunk=4096, impl='torch'))
     try:
+        # Triton binds a kernel to its CPU interpreter when the module defining it is imported under TRITON_INTERPRET,
+        # for the life of the process: importing Liger in an interpreted CPU check would break its later GPU runs.
+        if triton_interpreting(): raise ImportError
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy as lg
         peers['liger'] = (None, lambda h, w, t: lg(h, w, t, lse_square_scale=z_loss, ignore_index=-100))
     except ImportError: peers['liger'] = None

@@ -29,9 +29,9 @@ def git(*args):
 def provenance() -> dict:
     "Where a record came from: commit, versions, device, date."
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or 'cpu'
-    # A copy of the tree without .git (the GPU machine's) is told its commit through APEX3_GIT_COMMIT.
-    commit = git('rev-parse', 'HEAD') or os.environ.get('APEX3_GIT_COMMIT')
-    dirty = bool(git('status', '--porcelain', '--untracked-files=no')) if git('rev-parse', 'HEAD') else os.environ.get('APEX3_GIT_DIRTY') == '1'
+    # A copy of the tree (the GPU machine's) is told its commit through APEX3_GIT_COMMIT: its own .git, if any, may be stale.
+    if commit := os.environ.get('APEX3_GIT_COMMIT'): dirty = os.environ.get('APEX3_GIT_DIRTY') == '1'
+    else: commit, dirty = git('rev-parse', 'HEAD'), bool(git('status', '--porcelain', '--untracked-files=no'))
     return dict(git_commit=commit, git_dirty=dirty,
                 torch=torch.__version__, triton=pkg_version('triton'), torchao=pkg_version('torchao'),
                 liger_kernel=pkg_version('liger-kernel'), cuda=torch.version.cuda, device=dev,

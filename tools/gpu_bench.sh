@@ -15,7 +15,7 @@ while [ $# -ge 2 ]; do
   name=$1 extra=$2; shift 2
   flags="$MODEL $RUNTIME $OFFLOAD"; [[ $name == base-* ]] && flags="$MODEL $RUNTIME"
   echo "== $name: $extra"; start=$(date +%s)
-  python3 -m apex3.bench $flags $extra --json "$OUT/records/bench.jsonl" > "$OUT/logs/$name.log" 2>&1
+  timeout ${VARIANT_TIMEOUT:-240} python3 -m apex3.bench $flags $extra --json "$OUT/records/bench.jsonl" > "$OUT/logs/$name.log" 2>&1
   echo "   rc $? in $(( $(date +%s) - start )) s"
   grep -E "micro_s_median=|^step |Error|error:|Traceback" "$OUT/logs/$name.log" | tail -12
 done

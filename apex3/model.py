@@ -263,6 +263,8 @@ class Experts(nn.Module):
 
     def forward(self, x, counts):
         "x: [M, d] rows grouped by expert in expert order; counts: [E] rows per expert."
+        # autocast does not cover `_grouped_mm`: do what it does for a linear, or fp32 masters would run the fp32 loop
+        if torch.is_autocast_enabled(x.device.type): x = x.to(torch.get_autocast_dtype(x.device.type))
         grouped = self.impl == 'grouped' or (self.impl == 'auto' and grouped_mm_ok(x))
         return self._grouped(x, counts) if grouped else self._loop(x, counts)
 

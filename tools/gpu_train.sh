@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue-7 evidence on the GPU machine, on the embedded corpus carried in gpu-data/ (built by `apex3 data demo gpu-data`;
+# its out/tokens and out/tokenizer are enough). Step logs become records/train.jsonl in $OUT.
+#   bash tools/gpu_train.sh one STEPS    one GPU, offload + FP8: the benchmark of the same flags, then training
+#                                        SIGKILLed after its first checkpoint and resumed
+#   bash tools/gpu_train.sh fsdp STEPS   every GPU under torchrun --fsdp: half the steps, then --resume for the rest
+set -uo pipefail
+MODE=${1:-one} STEPS=${2:-300} CONFIG=${CONFIG:-small} SEQ=${SEQ:-2048}
+if compgen -G ".whl/*.whl" >/dev/null && [ ! -d /tmp/site/torchao ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/records" "$OUT/logs"; CK=/tmp/ckpt-$MODE; rm -rf $CK
+NPROC=1; [ "$MODE" = fsdp ] && NPROC=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))")
+read -r VOCAB EOS <<<"$(python3 -c "import json; m=json.load(open('gpu-data/out/tokens/code/meta.json')); print(m['vocab_size'], m['eos_id'])")"
+RUN="--config $CONFIG --set vocab_size=$VOCAB eos_id=$EOS --seq-len $SEQ --micro-bs 4 --accum 2 --lr 1e-3 --ce-impl triton --ce-chunk 4096"
+if [ "$MODE" = one ]; then
+  RUN="$RUN --compile-blocks --offload --offload-accum cpu --act-budget 0.15 --gemm-offload hooks --act-offload 24 --precision fp8_rowwise --fp8-recipe tensorwise"
+else RUN="$RUN --fsdp"; fi
+DATA=$(python3 -c "from apex3.train import demo_specs; t, v = demo_specs('gpu-data'); print('--data', *t, '--val-data', *v)")
+TOKENS=$(( STEPS * 4 * 2 * SEQ * NPROC ))
+python3 -c "from apex3.train import arith_probe_file; arith_probe_file('$CK-probe.jsonl', 16)"
+TRAIN="$RUN $DATA --total-tokens $TOKENS --ckpt-dir $CK --ckpt-every $(( TOKENS / 3 )) --val-every 50 --progress off
+       --arith-probe $CK-probe.jsonl --arith-every 100"
+LAUNCH="python3 -m torch.distributed.run --nproc_per_node $NPROC -m apex3.train"; start=$(date +%s)
+if [ "$MODE" = one ]; then
+  echo "== bench"; timeout 200 python3 -m apex3.bench $RUN --steps 6 --warmup 2 --json $OUT/logs/bench-$MODE.jsonl > $OUT/logs/bench-$MODE.log 2>&1
+  echo "   rc $?"; grep "micro_s_median=" $OUT/logs/bench-$MODE.log
+  echo "== train, SIGKILLed after its first checkpoint"
+  $LAUNCH $TRAIN > $OUT/logs/train-$MODE-1.log 2>&1 & pid=$!
+  until compgen -G "$CK/tokens-*" >/dev/null || ! kill -0 $pid 2>/dev/null; do sleep 0.5; done
+  sleep 3; pkill -9 -f "apex3.train" ; wait $pid; echo "   killed (rc $?) after $(( $(date +%s) - start )) s at step $(wc -l < $CK/train.jsonl)"
+else
+  echo "== train $NPROC ranks, half the steps"; timeout 250 $LAUNCH $TRAIN --max-steps $(( STEPS / 2 )) > $OUT/logs/train-$MODE-1.log 2>&1
+  echo "   rc $? after $(( $(date +%s) - start )) s"
+fi
+echo "== resume"; timeout 300 $LAUNCH $TRAIN --resume > $OUT/logs/train-$MODE-2.log 2>&1; echo "   rc $? after $(( $(date +%s) - start )) s"
+grep -hE "resumed from|WARNING|warning|Error" $OUT/logs/train-$MODE-*.log | sort | uniq -c | head
+cp $CK/train.jsonl $OUT/logs/train-$MODE.jsonl
+python3 - "$OUT" "$MODE" "$CONFIG" "$NPROC" <<'PY'
+import json, sys
+from pathlib import Path
+from apex3.records import append_records
+from apex3.train import read_log
+out, mode, config, nproc = sys.argv[1:]
+name = f'{config}-{"offload-fp8" if mode == "one" else "fsdp"}-{nproc}gpu-corpus'
+steps = read_log(f'{out}/logs/train-{mode}.jsonl')
+bench = Path(f'{out}/logs/bench-{mode}.jsonl')
+bench = [json.loads(l) for l in bench.read_text().splitlines()] if bench.exists() else []
+append_records([{**r, 'kind': 'train_step', 'run': name, 'gpus': int(nproc)} for r in steps] +
+               [{**b, 'kind': 'train_bench', 'run': name} for b in bench], f'{out}/records/train.jsonl')
+lines = open(f'{out}/logs/train-{mode}.jsonl').read().splitlines()
+print(f'{name}: {len(steps)} steps ({len(lines) - len(steps)} redone after the restart), loss {steps[0]["loss"]:.3f} -> {steps[-1]["loss"]:.3f}')
+print({k: v for k, v in steps[-1].items() if k.startswith(('val_', 'arith', 'step_s', 'mfu', 'tokens_per'))})
+PY

@@ -24,8 +24,8 @@ TRAIN="$RUN $DATA --total-tokens $TOKENS --ckpt-dir $CK --ckpt-every $(( TOKENS 
        --arith-probe $CK-probe.jsonl --arith-every 100"
 LAUNCH="python3 -m torch.distributed.run --nproc_per_node $NPROC -m apex3.train"; start=$(date +%s)
 if [ "$MODE" = one ]; then
-  echo "== bench"; timeout 200 python3 -m apex3.bench $RUN --steps 6 --warmup 2 --json $OUT/logs/bench-$MODE.jsonl > $OUT/logs/bench-$MODE.log 2>&1
-  echo "   rc $?"; grep "micro_s_median=" $OUT/logs/bench-$MODE.log
+  [ -n "${NO_BENCH:-}" ] || { echo "== bench"; timeout 200 python3 -m apex3.bench $RUN --steps 6 --warmup 2 --json $OUT/logs/bench-$MODE.jsonl > $OUT/logs/bench-$MODE.log 2>&1
+  echo "   rc $?"; grep "micro_s_median=" $OUT/logs/bench-$MODE.log; }
   echo "== train, SIGKILLed after its first checkpoint"
   $LAUNCH $TRAIN > $OUT/logs/train-$MODE-1.log 2>&1 & pid=$!
   until compgen -G "$CK/tokens-*" >/dev/null || ! kill -0 $pid 2>/dev/null; do sleep 0.5; done

@@ -3,7 +3,7 @@
 # each variant's log to $OUT/logs/NAME.log.   usage: bash tools/gpu_bench.sh NAME "EXTRA FLAGS" [NAME "EXTRA FLAGS" ...]
 # NAME=base-* variants drop the offload flags (the no-offload baseline of the overhead ratio).
 set -uo pipefail
-if compgen -G ".whl/*.whl" >/dev/null && [ ! -d /tmp/site/torchao ]; then
+if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

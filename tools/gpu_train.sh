@@ -6,7 +6,7 @@
 #   bash tools/gpu_train.sh fsdp STEPS   every GPU under torchrun --fsdp: half the steps, then --resume for the rest
 set -uo pipefail
 MODE=${1:-one} STEPS=${2:-300} CONFIG=${CONFIG:-small} SEQ=${SEQ:-2048}
-if compgen -G ".whl/*.whl" >/dev/null && [ ! -d /tmp/site/torchao ]; then
+if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

@@ -118,7 +118,8 @@ class Run:
         self.autocast = not a.offload and self.device.type == 'cuda'
         self.opt = (OffloadOptimizer(self.model, accum=a.offload_accum, lr=a.lr) if a.offload
                     else build_optimizer(self.model, lr=a.lr))
-        self.loss_fn = functools.partial(fused_linear_cross_entropy, impl=a.ce_impl, chunk=a.ce_chunk)
+        self.z_parts = []   # the z-loss part of every loss call since the last optimizer step (for the step log)
+        self.loss_fn = functools.partial(fused_linear_cross_entropy, impl=a.ce_impl, chunk=a.ce_chunk, z_parts=self.z_parts)
         self.act = None
         if a.act_offload or a.act_budget is not None:
             keep = None if a.act_budget is None else a.act_budget * _device_memory(self.device)
@@ -145,7 +146,7 @@ def micro_step(run, tokens):
     return loss.detach()
 
 def optimizer_step(run):
-    run.opt.step(); run.opt.zero_grad(set_to_none=True)
+    run.opt.step(); run.opt.zero_grad(set_to_none=True); run.z_parts.clear()
     return run.model.update_router_biases()
 
 def random_tokens(cfg, micro_bs, gen, device):

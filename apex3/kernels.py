@@ -32,14 +32,15 @@ def ce_reference(hidden, weight, targets, z_loss=1e-4, ignore_index=-100):
     return F.cross_entropy(logits, targets, ignore_index=ignore_index) + z_loss * z
 
 # %% ../nbs/15_kernels.ipynb #9ac1e9dc
-def ce_chunk_torch(logits, targets, z_loss, ignore_index, loss_out, scale):
-    "Write per-row loss into `loss_out`; overwrite `logits` [n, V] with `scale`·d(loss)/d(logits)."
+def ce_chunk_torch(logits, targets, z_loss, ignore_index, loss_out, lse_out, scale):
+    "Write per-row loss into `loss_out` and logsumexp into `lse_out` (0 where ignored); overwrite `logits` [n, V] with `scale`·d(loss)/d(logits)."
     x = logits.float()                        # a copy for bf16; fp32 logits are updated in place
     lse = x.logsumexp(-1)
     valid = targets != ignore_index
     t = torch.where(valid, targets, 0)[:, None]  # any column for ignored rows: they are masked below
     x_t = x.gather(1, t)[:, 0]
     loss_out.copy_(torch.where(valid, lse - x_t + z_loss * lse * lse, 0.))
+    lse_out.copy_(torch.where(valid, lse, 0.))
     x.sub_(lse[:, None]).exp_().mul_((1 + 2 * z_loss * lse)[:, None])
     x.scatter_add_(1, t, -torch.ones_like(x_t)[:, None])
     logits.copy_(x.mul_(valid[:, None] * scale))
@@ -57,7 +58,7 @@ if triton is not None:                # combine functions for `tl.reduce` (see a
 def ce_kernel(interpret=False):
     "Build the Triton per-row loss-and-gradient kernel (for the GPU, or for Triton's CPU interpreter)."
     @triton.jit
-    def ce_rows(logits_ptr, stride, targets_ptr, loss_ptr, scale_ptr, z, V: tl.constexpr,
+    def ce_rows(logits_ptr, stride, targets_ptr, loss_ptr, lse_ptr, scale_ptr, z, V: tl.constexpr,
                 ignore_index: tl.constexpr, BLOCK_V: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         ptr = logits_ptr + row * stride
@@ -67,6 +68,7 @@ def ce_kernel(interpret=False):
                 cols = off + tl.arange(0, BLOCK_V)
                 tl.store(ptr + cols, tl.full([BLOCK_V], 0.0, ptr.dtype.element_ty), mask=cols < V)
             tl.store(loss_ptr + row, 0.0)
+            tl.store(lse_ptr + row, 0.0)
             return
         m = float('-inf')                            # pass 1: online logsumexp
         s = 0.0
@@ -79,6 +81,7 @@ def ce_kernel(interpret=False):
         lse = m + tl.log(s)
         x_t = tl.load(ptr + t).to(tl.float32)
         tl.store(loss_ptr + row, lse - x_t + z * lse * lse)
+        tl.store(lse_ptr + row, lse)                 # the z-loss part is logged apart from the CE
         c = 1.0 + 2.0 * z * lse                      # pass 2: gradient over the logits
         sc = tl.load(scale_ptr)
         for off in range(0, V, BLOCK_V):
@@ -94,12 +97,12 @@ def triton_interpreting():
     "True when `TRITON_INTERPRET` asks for Triton's CPU interpreter."
     return os.environ.get('TRITON_INTERPRET', '0').lower() in ('1', 'true', 'yes', 'on', 'y')
 
-def ce_chunk_triton(logits, targets, z_loss, ignore_index, loss_out, scale, block_v=None):
+def ce_chunk_triton(logits, targets, z_loss, ignore_index, loss_out, lse_out, scale, block_v=None):
     "`ce_chunk_torch` as one Triton kernel launch: per-row loss into `loss_out`, `scale`·gradient over `logits`."
     n, V = logits.shape
     block_v = block_v or min(32768, 1 << (V - 1).bit_length())
     kernel = ce_kernel(triton_interpreting())
-    kernel[(n,)](logits, logits.stride(0), targets, loss_out, scale, float(z_loss), V=V, ignore_index=ignore_index,
+    kernel[(n,)](logits, logits.stride(0), targets, loss_out, lse_out, scale, float(z_loss), V=V, ignore_index=ignore_index,
                  BLOCK_V=block_v, num_warps=32 if block_v >= 8192 else 4)
 
 # %% ../nbs/15_kernels.ipynb #50791700
@@ -115,33 +118,34 @@ def triton_interpret(on=True):
 
 # %% ../nbs/15_kernels.ipynb #0ca1ed16
 def _fused_forward(hidden, weight, targets, z_loss, chunk, ignore_index, step, need_h, need_w):
-    "Chunked mean loss and, where wanted, its gradients w.r.t. `hidden` and `weight`."
+    "Chunked mean loss, its z-loss part and, where wanted, its gradients w.r.t. `hidden` and `weight`."
     T, V = hidden.shape[0], weight.shape[0]
     count = (targets != ignore_index).sum().clamp(min=1)
     scale = (1 / count).float().reshape(1)              # stays on the device: no host sync
-    loss_rows = torch.empty(T, dtype=torch.float32, device=hidden.device)
+    loss_rows, lse_rows = torch.empty(2, T, dtype=torch.float32, device=hidden.device)
     grad_h = torch.empty_like(hidden) if need_h else None
     grad_w = torch.zeros_like(weight) if need_w else None
     buf = hidden.new_empty(min(chunk, T), V)            # the only vocabulary-sized buffer
     for s in range(0, T, chunk):
         h, n = hidden[s:s + chunk], min(chunk, T - s)
         logits = torch.mm(h, weight.T, out=buf[:n])
-        step(logits, targets[s:s + n], z_loss, ignore_index, loss_rows[s:s + n], scale)
+        step(logits, targets[s:s + n], z_loss, ignore_index, loss_rows[s:s + n], lse_rows[s:s + n], scale)
         if need_h: torch.mm(logits, weight, out=grad_h[s:s + n])
         if need_w: grad_w.addmm_(logits.T, h)
-    return loss_rows.sum() / count, grad_h, grad_w
+    return loss_rows.sum() / count, z_loss * lse_rows.square().sum() / count, grad_h, grad_w
 
 # %% ../nbs/15_kernels.ipynb #decfab81
 class FusedLinearCE(torch.autograd.Function):
-    "Mean CE + z·lse² of `hidden @ weight.T`; gradients computed in forward, scaled by the incoming gradient in backward."
+    "(mean CE + z·lse², its z·lse² part) of `hidden @ weight.T`; gradients computed in forward, scaled by the incoming gradient in backward."
     @staticmethod
     def forward(ctx, hidden, weight, targets, z_loss, chunk, ignore_index, step, need_h, need_w):
-        loss, grad_h, grad_w = _fused_forward(hidden, weight, targets, z_loss, chunk, ignore_index, step, need_h, need_w)
+        loss, z_part, grad_h, grad_w = _fused_forward(hidden, weight, targets, z_loss, chunk, ignore_index, step, need_h, need_w)
         ctx.save_for_backward(grad_h, grad_w)
-        return loss
+        ctx.mark_non_differentiable(z_part)
+        return loss, z_part
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_z):
         grad_h, grad_w = ctx.saved_tensors           # scaled in place: backward runs once per forward
         return (grad_h.mul_(grad_out.to(grad_h.dtype)) if grad_h is not None else None,
                 grad_w.mul_(grad_out.to(grad_w.dtype)) if grad_w is not None else None,
@@ -165,8 +169,8 @@ def triton_ce_usable(device):
 # %% ../nbs/15_kernels.ipynb #7bdefa4d
 @torch.compiler.disable
 def fused_linear_cross_entropy(hidden, weight, targets, z_loss=1e-4, chunk=4096, impl='triton',
-                               ignore_index=-100):
-    "Mean cross-entropy + `z_loss`·logsumexp² of `hidden @ weight.T` over non-ignored `targets`, in token chunks."
+                               ignore_index=-100, z_parts=None):
+    "Mean cross-entropy + `z_loss`·logsumexp² of `hidden @ weight.T` over non-ignored `targets`, in token chunks; the z-loss part is appended to the list `z_parts` if given."
     if impl not in CE_IMPLS: raise UsageError(f'--ce-impl must be one of {", ".join(CE_IMPLS)}, not {impl!r}')
     if chunk < 1: raise UsageError(f'--ce-chunk must be a positive number of tokens, not {chunk}')
     if hidden.dtype != weight.dtype: raise ValueError(f'hidden is {hidden.dtype} but weight is {weight.dtype}')
@@ -176,8 +180,10 @@ def fused_linear_cross_entropy(hidden, weight, targets, z_loss=1e-4, chunk=4096,
     step = ce_chunk_triton if impl == 'triton' else ce_chunk_torch
     grad_on = torch.is_grad_enabled()
     h, t = hidden.reshape(-1, hidden.shape[-1]).contiguous(), targets.reshape(-1).contiguous()
-    return FusedLinearCE.apply(h, weight, t, z_loss, chunk, ignore_index, step,
-                               grad_on and hidden.requires_grad, grad_on and weight.requires_grad)
+    loss, z_part = FusedLinearCE.apply(h, weight, t, z_loss, chunk, ignore_index, step,
+                                       grad_on and hidden.requires_grad, grad_on and weight.requires_grad)
+    if z_parts is not None: z_parts.append(z_part)
+    return loss
 
 # %% ../nbs/15_kernels.ipynb #f0df213f
 def _chunk_loss_sum(h, weight, t, z_loss, ignore_index):

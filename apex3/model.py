@@ -404,9 +404,9 @@ class Transformer(nn.Module):
         if cache is not None: cache.pos += S
         return self.norm(x), aux
 
-    def forward(self, tokens, targets=None, loss_fn=None):
-        "Logits [B, S, V] without targets; else the loss `loss_fn(hidden, lm_head.weight, targets)` plus any aux loss."
-        h, aux = self.hidden_states(tokens)
+    def forward(self, tokens, targets=None, loss_fn=None, cache=None):
+        "Logits [B, S, V] without targets (continuing `cache` if given); else the loss `loss_fn(hidden, lm_head.weight, targets)` plus any aux loss."
+        h, aux = self.hidden_states(tokens, cache)
         if targets is None: return self.lm_head(h)
         loss = (loss_fn or lm_loss)(h, self.lm_head.weight, targets)
         return loss if aux is None else loss + aux
@@ -492,8 +492,7 @@ def generate(model, prompt, max_new_tokens, eos_id=None):
     cache = KVCache(model.cfg, prompt.shape[0], prompt.shape[1] + max_new_tokens, prompt.device, model.lm_head.weight.dtype)
     out, nxt = prompt, prompt
     for _ in range(max_new_tokens):
-        h, _ = model.hidden_states(nxt, cache)
-        nxt = model.lm_head(h[:, -1:]).argmax(-1)
+        nxt = model(nxt, cache=cache)[:, -1:].argmax(-1)   # through forward, so FSDP's hooks gather the weights
         out = torch.cat([out, nxt], 1)
         if eos_id is not None and (nxt == eos_id).all(): break
     model.train(was_training)

@@ -7,9 +7,10 @@ __all__ = ['log', 'TRAJECTORY_FLAGS', 'add_train_flags', 'train_parser', 'warn_o
            'byte_shards', 'Dist', 'init_distributed', 'shard_model', 'global_mean', 'sync_expert_loads', 'check_args',
            'build_run', 'TrainState', 'discard_step', 'doc_overflow_count', 'warn_doc_overflow', 'train_step', 'ValSet',
            'val_losses', 'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'load_probe', 'arith_probe_file',
-           'probe_accuracy', 'model_optim_state', 'load_model_optim', 'save_state', 'changed_flags', 'restore_state',
-           'host_rss_gib', 'memory_stats', 'StepLog', 'read_log', 'make_schedule', 'train', 'loop', 'default_log',
-           'plot_log', 'demo_specs', 'measure_tokens_per_s', 'sample', 'demo_train', 'train_main', 'main']
+           'probe_answers', 'probe_accuracy', 'model_optim_state', 'load_model_optim', 'save_state', 'changed_flags',
+           'restore_state', 'host_rss_gib', 'memory_stats', 'StepLog', 'read_log', 'make_schedule', 'train', 'loop',
+           'default_log', 'plot_log', 'demo_specs', 'measure_tokens_per_s', 'checkpoint_model', 'sample', 'demo_train',
+           'train_main', 'main']
 
 # %% ../nbs/70_train.ipynb #29420527
 import argparse, json, logging, math, os, sys, time
@@ -52,7 +53,8 @@ def add_train_flags(p):
     p.add_argument('--arith-every', type=int, default=50, help='steps between probes')
     p.add_argument('--arith-max-new', type=int, default=8, help='tokens decoded per probe prompt')
     p.add_argument('--tokenizer', help="tokenizer.json for the probe (default: the first --data folder's meta.json)")
-    p.add_argument('--log', help='JSONL step log (default: CKPT/train.jsonl, else apex3-train/train.jsonl)')
+    # not --log: torchrun would take that prefix of its own --log-dir and refuse the command
+    p.add_argument('--step-log', help='JSONL step log (default: CKPT/train.jsonl, else apex3-train/train.jsonl)')
     p.add_argument('--tensorboard', metavar='DIR', help='also write TensorBoard scalars here')
     p.add_argument('--progress', default='auto', choices=['auto', 'on', 'off'], help='progress bar (auto: when stderr is a terminal)')
     p.add_argument('--max-bad-steps', type=int, default=5, help='consecutive non-finite steps that stop the run')
@@ -213,13 +215,15 @@ def train_step(run, loader, st, sched, d) -> dict:
     run.opt.set_lr_factor(sched(st.tokens))
     if st.step + 1 in a.inject_nan_at: run.loss_fn = _poisoned(fn)
     batches = [torch.from_numpy(loader.next_batch()).to(run.device) for _ in range(a.accum)]
+    run.z_parts.clear()   # validation and the probe add theirs between steps
     try: losses = [micro_step(run, x) for x in batches]
     finally: run.loss_fn = fn
     loss = global_mean(torch.stack(losses).mean(), d).item()
+    z = global_mean(torch.stack(run.z_parts).mean(), d).item()   # the z·lse² part inside `loss`
     over = int(doc_overflow_count(batches, run.cfg).item())  # after the loss's sync: no extra stall
     warn_doc_overflow(run, over)
     rec = dict(step=st.step + 1, tokens=st.tokens + a.accum * a.micro_bs * run.cfg.seq_len * d.world,
-               loss=loss, lr=run.opt.param_groups[0]['lr'], skipped=not math.isfinite(loss), doc_overflow=over)
+               loss=loss, z_loss=z, lr=run.opt.param_groups[0]['lr'], skipped=not math.isfinite(loss), doc_overflow=over)
     if rec['skipped']:
         discard_step(run); st.bad_streak += 1; st.skipped += 1
     else:
@@ -291,16 +295,26 @@ def arith_probe_file(path, n=32, seed=0) -> Path:
     Path(path).write_text('\n'.join(lines) + '\n')
     return Path(path)
 
+def _until_eos(ids, eos_id):
+    return ids[:ids.index(eos_id)] if eos_id in ids else ids
+
 @torch.no_grad()
-def probe_accuracy(model, tok, probe, max_new, device) -> float:
-    "Fraction of prompts whose greedy continuation starts with the answer."
+def probe_answers(model, tok, probe, max_new, device, d=None) -> list:
+    "The greedy continuation of every probe prompt (cut at EOS), in probe order; under FSDP each rank decodes its share."
     from apex3.model import generate
-    hits = 0
-    for prompt, answer in probe:
-        ids = tok.encode(prompt)
-        out = generate(model, torch.tensor([ids], device=device), max_new, eos_id=model.cfg.eos_id)
-        hits += tok.decode(out[0, len(ids):].tolist()).strip().startswith(answer)
-    return hits / max(1, len(probe))
+    rank, world = (d.rank, d.world) if d else (0, 1)
+    mine = probe[rank::world]
+    outs = []
+    for i in range(math.ceil(len(probe) / world)):   # the same count on every rank: sharded forwards run in lockstep
+        ids = tok.encode((mine[i] if i < len(mine) else probe[0])[0])
+        out = generate(model, torch.tensor([ids], device=device), max_new, eos_id=model.cfg.eos_id if world == 1 else None)
+        outs.append(tok.decode(_until_eos(out[0, len(ids):].tolist(), model.cfg.eos_id)))
+    shares = _gather(outs[:len(mine)], d) if d else [outs]
+    return [shares[i % world][i // world] for i in range(len(probe))]
+
+def probe_accuracy(answers, probe) -> float:
+    "Fraction of continuations that start with their prompt's answer."
+    return sum(a.strip().startswith(want) for a, (_, want) in zip(answers, probe)) / max(1, len(probe))
 
 # %% ../nbs/70_train.ipynb #73350f55
 def _full_options(**kw):
@@ -421,7 +435,7 @@ def read_log(path) -> list:
         if line.strip(): r = json.loads(line); recs[r['step']] = r
     return [recs[k] for k in sorted(recs)]
 
-# %% ../nbs/70_train.ipynb #526db22d
+# %% ../nbs/70_train.ipynb #20b41ffe
 def make_schedule(a):
     from apex3.optim import WSD
     warm = a.warmup_tokens if a.warmup_tokens is not None else 0.01 * a.total_tokens
@@ -461,7 +475,6 @@ def _train(a, d):
 
 def _probe_setup(a, d):
     if not a.arith_probe: return None, None
-    if d.world > 1: warn_once('--arith-probe is skipped under --fsdp'); return None, None
     tok = find_tokenizer(a)
     if tok is None: warn_once('--arith-probe: no tokenizer (--tokenizer, or one named by the data meta.json); probe skipped')
     return tok, load_probe(a.arith_probe)
@@ -473,8 +486,8 @@ def loop(run, loader, val, sched, st, d) -> int:
     peak = device_peak_tflops() if run.device.type == 'cuda' else None
     tok, probe = _probe_setup(a, d)
     total = math.ceil(max(0, sched.stop - st.tokens) / step_tokens)
-    logger = StepLog(a.log or default_log(a), d, min(total, a.max_steps - st.step) if a.max_steps else total, a.progress, a.tensorboard)
-    t0 = time.perf_counter()
+    logger = StepLog(a.step_log or default_log(a), d, min(total, a.max_steps - st.step) if a.max_steps else total, a.progress, a.tensorboard)
+    t0 = t_last = time.perf_counter()
     saved_at = st.tokens if a.resume else None
     try:
         while not _should_stop(a, st, sched, t0, d, run.device):
@@ -483,9 +496,11 @@ def loop(run, loader, val, sched, st, d) -> int:
             dt = time.perf_counter() - t_step             # the step alone: not validation, the probe or a checkpoint
             if val is not None and (_due(a.val_every, st.step) or st.step == 1): rec.update(val_losses(run, val, d))
             if tok is not None and _due(a.arith_every, st.step):
-                rec['arith_acc'] = probe_accuracy(run.model, tok, probe, a.arith_max_new, run.device)
+                rec['arith_answers'] = probe_answers(run.model, tok, probe, a.arith_max_new, run.device, d)
+                rec['arith_acc'] = probe_accuracy(rec['arith_answers'], probe)
+            wall, t_last = time.perf_counter() - t_last, time.perf_counter()   # since the last record: everything counts
             rec.update(step_s=dt, tokens_per_s=step_tokens / dt, mfu=flops / dt / (peak * 1e12) if peak else None,
-                       **memory_stats(run.device))
+                       wall_s=wall, mfu_wall=flops / wall / (peak * 1e12) if peak else None, **memory_stats(run.device))
             logger.write(rec)
             if st.bad_streak >= a.max_bad_steps:
                 log.error('%d consecutive non-finite steps: stopping; the last good checkpoint is kept', st.bad_streak)
@@ -523,7 +538,7 @@ def plot_log(path, out_dir=None) -> dict:
         out[k] = Path(out_dir) / f'{k}.png'; f.savefig(out[k], dpi=110); plt.close(f)
     return out
 
-# %% ../nbs/70_train.ipynb #3b0cee4b
+# %% ../nbs/70_train.ipynb #6d952848
 def _token_root(data_dir):
     "The `tokens/` folder of an `apex3 data demo` output (or of its `out/`, or the folder itself)."
     for p in (Path(data_dir) / 'out' / 'tokens', Path(data_dir) / 'tokens', Path(data_dir)):
@@ -556,13 +571,20 @@ def measure_tokens_per_s(argv, steps=3) -> float:
         optimizer_step(run)
     return steps * a.accum * a.micro_bs * cfg.seq_len / (time.perf_counter() - t0)
 
-def sample(ckpt_dir, tok, prompt='def ', max_new=48, device='cpu') -> str:
-    "Greedy continuation of `prompt` by the model of the latest checkpoint in `ckpt_dir`."
-    from apex3.ckpt import latest_checkpoint, load_checkpoint
-    from apex3.model import Transformer, generate
-    ck = load_checkpoint(latest_checkpoint(ckpt_dir), ['model', 'args'])
+def checkpoint_model(path, device='cpu'):
+    "The model a checkpoint holds, unsharded, built from the flags it was written with."
+    from apex3.ckpt import load_checkpoint
+    from apex3.model import Transformer
+    ck = load_checkpoint(path, ['model', 'args'])
     with torch.device(device): model = Transformer(run_config(run_args(argparse.Namespace(**ck['args']))))
     model.load_state_dict(ck['model'])
+    return model
+
+def sample(ckpt_dir, tok, prompt='def ', max_new=48, device='cpu') -> str:
+    "Greedy continuation of `prompt` by the model of the latest checkpoint in `ckpt_dir`."
+    from apex3.ckpt import latest_checkpoint
+    from apex3.model import generate
+    model = checkpoint_model(latest_checkpoint(ckpt_dir), device)
     ids = tok.encode(prompt)
     return prompt + tok.decode(generate(model, torch.tensor([ids], device=device), max_new)[0, len(ids):].tolist())
 

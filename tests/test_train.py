@@ -67,6 +67,8 @@ def test_kill_and_resume_is_bit_identical(data, tmp_path):
     assert sorted(got) == list(range(1, steps + 1)) == sorted(want)
     assert got == want   # exact float equality, every step
     assert want[steps] < want[1] - 1.0   # and it learned something
+    z = [r['z_loss'] for r in read_log(tmp_path / 'cut' / 'train.jsonl')]   # the z-loss part, logged apart, resumed exactly
+    assert z == [r['z_loss'] for r in read_log(tmp_path / 'ref' / 'train.jsonl')] and all(0 < v < 1e-2 for v in z), z
 
 def test_nonfinite_steps_are_skipped_then_stop_the_run(data, tmp_path):
     from apex3.ckpt import latest_checkpoint, load_checkpoint
@@ -107,18 +109,39 @@ def _reference_losses(specs, steps, seq, mb, lr, total, world=2):
         out.append(loss.item()); tokens += world * mb * seq
     return out
 
-def test_fsdp_two_ranks_match_one_process(data, tmp_path):
-    steps, spec = 6, data[1]
-    def run(ckpt):
-        p = trainer(*TINY, '--data', spec, '--total-tokens', 2 * 64 * steps, '--fsdp', '--val-every', 0,
-                    '--ckpt-dir', ckpt, '--ckpt-every', 2 * 64 * 3, torchrun=2)
-        return (*finish(p), ckpt)
-    rc, _, err, ckpt = run(tmp_path / 'fsdp')
-    # gloo's process group can abort at start-up on a starved 2-core machine (seen once, SIGABRT of a rank):
-    # that is the launcher, not the training, so it gets one more start; the assertions below are unchanged.
-    if rc != 0 and ('SIGABRT' in err or 'Signal 6' in err or 'gloo' in err.lower()): rc, _, err, ckpt = run(tmp_path / 'fsdp-again')
+def _fsdp_run(ckpt, *extra):
+    "Two gloo ranks under torchrun; gloo's process group can abort at start-up on a starved 2-core machine (seen once,"
+    "SIGABRT of a rank): that is the launcher, not the training, so it gets one more start."
+    for attempt in range(2):
+        rc, _, err = finish(trainer(*TINY, '--fsdp', '--val-every', 0, '--ckpt-dir', ckpt, *extra, torchrun=2))
+        if rc == 0 or not ('SIGABRT' in err or 'Signal 6' in err or 'gloo' in err.lower()): break
     assert rc == 0, err[-3000:]
-    got = [r['loss'] for r in read_log(ckpt / 'train.jsonl')]
+    return err
+
+def test_fsdp_two_ranks_match_one_process_resume_and_probe(data, tmp_path):
+    "FSDP2 on two ranks: losses match one process on the concatenated batch; resuming a sharded checkpoint gives the"
+    "uninterrupted run's losses; the probe decodes under FSDP exactly what the unsharded checkpoint decodes."
+    from apex3.train import ByteTokenizer, arith_probe_file, checkpoint_model, load_probe, probe_answers
+    from apex3.ckpt import latest_checkpoint
+    import shutil
+    steps, spec = 6, data[1]
+    probe = arith_probe_file(tmp_path / 'probe.jsonl', 5)
+    common = ['--data', spec, '--total-tokens', 2 * 64 * steps, '--ckpt-every', 2 * 64 * 3, '--keep-ckpts', 2,
+              '--arith-probe', probe, '--arith-every', 3, '--arith-max-new', 4]
+    _fsdp_run(tmp_path / 'fsdp', *common)
+    recs = read_log(tmp_path / 'fsdp' / 'train.jsonl')
+    got = [r['loss'] for r in recs]
     want = _reference_losses([spec], steps, 32, 2, 3e-3, 2 * 64 * steps)
     assert len(got) == steps
     assert max(abs(g - w) for g, w in zip(got, want)) < 2e-3, (got, want)
+    # the probe at step 6 ran on the weights the step-6 checkpoint holds: decode them unsharded, in one process
+    last = latest_checkpoint(tmp_path / 'fsdp')
+    answers = probe_answers(checkpoint_model(last), ByteTokenizer(), load_probe(probe), 4, 'cpu')
+    assert recs[-1]['arith_answers'] == answers and len(answers) == 5, (recs[-1]['arith_answers'], answers)
+    # resume the sharded run from its step-3 checkpoint in a fresh directory: steps 4-6 as before
+    first = sorted((tmp_path / 'fsdp').glob('tokens-*'))[0]
+    (tmp_path / 'resumed').mkdir(); shutil.copytree(first, tmp_path / 'resumed' / first.name)
+    err = _fsdp_run(tmp_path / 'resumed', *common, '--resume')
+    assert 'resumed from' in err
+    again = {r['step']: r['loss'] for r in read_log(tmp_path / 'resumed' / 'train.jsonl')}
+    assert sorted(again) == [4, 5, 6] and all(again[k] == got[k - 1] for k in again), (again, got)

@@ -6,7 +6,7 @@
 #   bash tools/gpu_train.sh fsdp STEPS   every GPU under torchrun --fsdp: half the steps, then --resume for the rest
 set -uo pipefail
 MODE=${1:-one} STEPS=${2:-300} CONFIG=${CONFIG:-small} SEQ=${SEQ:-2048}
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then   # NO_WHEELS=1: a dry run here
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -20,7 +20,7 @@ else RUN="$RUN --fsdp"; fi
 DATA=$(python3 -c "from apex3.train import demo_specs; t, v = demo_specs('gpu-data'); print('--data', *t, '--val-data', *v)")
 TOKENS=$(( STEPS * 4 * 2 * SEQ * NPROC ))
 python3 -c "from apex3.train import arith_probe_file; arith_probe_file('$CK-probe.jsonl', 16)"
-TRAIN="$RUN $DATA --total-tokens $TOKENS --ckpt-dir $CK --ckpt-every $(( TOKENS / 3 )) --val-every 50 --progress off
+TRAIN="$RUN $DATA --total-tokens $TOKENS --ckpt-dir $CK --log $OUT/logs/train-$MODE.jsonl --ckpt-every $(( TOKENS / 3 )) --val-every 50 --progress off
        --arith-probe $CK-probe.jsonl --arith-every 100"
 LAUNCH="python3 -m torch.distributed.run --nproc_per_node $NPROC -m apex3.train"; start=$(date +%s)
 if [ "$MODE" = one ]; then
@@ -29,14 +29,13 @@ if [ "$MODE" = one ]; then
   echo "== train, SIGKILLed after its first checkpoint"
   $LAUNCH $TRAIN > $OUT/logs/train-$MODE-1.log 2>&1 & pid=$!
   until compgen -G "$CK/tokens-*" >/dev/null || ! kill -0 $pid 2>/dev/null; do sleep 0.5; done
-  sleep 3; pkill -9 -f "apex3.train" ; wait $pid; echo "   killed (rc $?) after $(( $(date +%s) - start )) s at step $(wc -l < $CK/train.jsonl)"
+  sleep 3; pkill -9 -f "apex3.train" ; wait $pid; echo "   killed (rc $?) after $(( $(date +%s) - start )) s at step $(wc -l < $OUT/logs/train-$MODE.jsonl)"
 else
   echo "== train $NPROC ranks, half the steps"; timeout 250 $LAUNCH $TRAIN --max-steps $(( STEPS / 2 )) > $OUT/logs/train-$MODE-1.log 2>&1
   echo "   rc $? after $(( $(date +%s) - start )) s"
 fi
 echo "== resume"; timeout 300 $LAUNCH $TRAIN --resume > $OUT/logs/train-$MODE-2.log 2>&1; echo "   rc $? after $(( $(date +%s) - start )) s"
 grep -hE "resumed from|WARNING|warning|Error" $OUT/logs/train-$MODE-*.log | sort | uniq -c | head
-cp $CK/train.jsonl $OUT/logs/train-$MODE.jsonl
 python3 - "$OUT" "$MODE" "$CONFIG" "$NPROC" <<'PY'
 import json, sys
 from pathlib import Path

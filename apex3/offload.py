@@ -7,7 +7,7 @@ __all__ = ['log', 'GiB', 'host_available_bytes', 'PinnedPool', 'accum_kernel', '
            'is_gemm_module', 'gemm_offload_hooks', 'OffloadOptimizer']
 
 # %% ../nbs/20_offload.ipynb #b5b880af
-import contextlib, logging, os, threading, weakref
+import contextlib, logging, os, threading, time, weakref
 from collections import defaultdict
 import torch, torch.nn as nn
 from .cli import UsageError
@@ -247,6 +247,7 @@ class OffloadOptimizer:
         self.cuda = any(s.p.is_cuda for s in self.slots)
         self.h2d, self.d2h = (torch.cuda.Stream(), torch.cuda.Stream()) if self.cuda else (None, None)
         self.worker, self.pending = ThreadPoolExecutor(1), []
+        self.timings = dict(wait_s=0.0, stream_s=0.0)   # of the last step: the host accumulation tail, then the streamed update
         self.hooks = [s.p.register_post_accumulate_grad_hook(self._grad_hook(s)) for s in self.slots]
 
     def _host(self, shape, dtype):
@@ -326,8 +327,9 @@ OffloadOptimizer._chunks = _chunks
 @torch.no_grad()
 def _step(self):
     "One optimizer step over every parameter that received a gradient, streamed chunk by chunk."
+    t0 = time.perf_counter()
     self.wait()
-    inflight = []
+    t1, inflight = time.perf_counter(), []
     # Once, not per chunk: the copy stream sees the gradients the backward pass left, and the loads of chunk i+1
     # then run on it while chunk i updates on the compute stream.
     if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())
@@ -350,6 +352,7 @@ def _step(self):
                 done = torch.cuda.Event(); done.record(); inflight.append(done)
         for s in chunk: s.fresh = True
     if self.cuda: self.d2h.synchronize()
+    self.timings = dict(wait_s=t1 - t0, stream_s=time.perf_counter() - t1)
 
 def _zero_grad(self, set_to_none=True):
     "Gradients live in the accumulators; the next micro-batch overwrites them (see `fresh`)."

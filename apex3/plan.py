@@ -4,13 +4,13 @@
 
 # %% auto #0
 __all__ = ['GPUS', 'RECOMPUTE', 'GiB', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACTION', 'BYTES', 'GPU_CAP', 'REAL_RUNS', 'LINKS',
-           'parse_number', 'fmt_count', 'GPU', 'find_gpu', 'gpu_table', 'model_shape', 'train_flops', 'recompute_flops',
-           'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose', 'Serving', 'inference', 'Plan',
-           'plan_headline', 'plan_rows', 'config_inputs', 'plan', 'validation_table', 'link_speed', 'OffloadPlan',
-           'offload_plan', 'plan_main', 'gpus_main']
+           'GEMM_SAVED', 'HOST_OVERHEAD_GIB', 'HOST_ACCUM_GBS', 'parse_number', 'fmt_count', 'GPU', 'find_gpu',
+           'gpu_table', 'model_shape', 'train_flops', 'recompute_flops', 'activation_bytes', 'Layout', 'search_target',
+           'search_gpus', 'choose', 'Serving', 'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs',
+           'plan', 'validation_table', 'link_speed', 'OffloadPlan', 'offload_plan', 'plan_main', 'gpus_main']
 
 # %% ../nbs/00_plan.ipynb #3119e2a9
-import dataclasses, difflib, json, math, re
+import dataclasses, difflib, functools, json, math, re
 from decimal import Decimal
 from dataclasses import dataclass
 import pandas as pd
@@ -411,12 +411,13 @@ class OffloadPlan:
     config: str; gpu: str; layers: int; full_layers: int; micro_bs: int; accum: int; seq: int
     gpu_gib: float; gpu_budget_gib: float; host_gib: float; host_budget_gib: float
     act_offloaded_gib: float; compute_s: float; link_s: float; micro_s: float; optimizer_s: float
-    step_s: float; mfu_at_batch: float; bound: str; accum_on: str; act_budget: float
+    step_s: float; mfu_at_batch: float; bound: str; accum_on: str; act_budget: float; act_offload: int
     def flags(self):
         "The trainer and benchmark flags this plan recommends."
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
         return (f'--config {self.config}{depth} --offload --offload-accum {self.accum_on} --recompute none '
-                f'--act-budget {self.act_budget:g} --micro-bs {self.micro_bs} --accum {self.accum}')
+                f'--act-budget {self.act_budget:g} --gemm-offload hooks --act-offload {self.act_offload} '
+                f'--micro-bs {self.micro_bs} --accum {self.accum}')
     def __str__(self):
         fit = '' if self.layers == self.full_layers else f' (the full {self.full_layers} do not fit the host)'
         return (f'One-GPU offload plan: config {self.config} with {self.layers} layers{fit} on 1 x {self.gpu}\n'
@@ -427,32 +428,41 @@ class OffloadPlan:
                 f'  Flags        {self.flags()}')
 
 # %% ../nbs/00_plan.ipynb #c14f2451
-def _offload_budgets(c, counts, gpu, micro_bs, act_budget, accum_on, ce_chunk=4096):
-    "GPU bytes, host bytes and activation bytes offloaded per micro-batch, for config `c`."
+GEMM_SAVED = dict(tensors=9, bytes_per_token_d=26)   # per layer, measured (C, FP8 tensorwise, records/bench.jsonl)
+HOST_OVERHEAD_GIB = 6                                # the process beside its pinned pools (estimate)
+HOST_ACCUM_GBS = 68.7                                # the host accumulation kernel on the H200's host (records)
+
+def _offload_budgets(c, counts, gpu, micro_bs, act_budget, accum_on, act_offload=72, ce_chunk=4096):
+    "GPU bytes, host bytes and activation bytes offloaded per micro-batch, for config `c` and the GEMM-input hooks."
     from apex3.config import param_components
     N, L, d, s = counts['total'], c.n_layers, c.d_model, c.seq_len
     adam = sum(r[1] for r in param_components(c) if r[0] in ('embedding', 'lm_head', 'router', 'qk_norm', 'block_norms', 'final_norm'))
     layer_params = (N - 2 * c.vocab_size * d) / L
     acts = L * 34 * s * micro_bs * d                                # Korthikanti, flash attention
-    kept = min(acts, act_budget * gpu.mem_gb * GiB)
+    gemm_layer = GEMM_SAVED['bytes_per_token_d'] * s * micro_bs * d
+    by_count = min(act_offload, GEMM_SAVED['tensors'] * L) / GEMM_SAVED['tensors'] * gemm_layer
+    rest = L * gemm_layer - by_count                                # the other GEMM inputs: kept up to the budget
+    offloaded = by_count + max(0, rest - act_budget * gpu.mem_gb * GiB)
     grads_gpu = 4 * N if accum_on == 'gpu' else 2 * 2 * layer_params   # fp32 accumulators, or two layers in flight
     ce = 2 * ce_chunk * c.vocab_size * 4                            # fp32 logits of one chunk and their gradient
-    gpu_bytes = (2 * N + grads_gpu + kept + ce) * 1.05 + 2 * GiB       # + allocator slack and a workspace
-    host_bytes = 4 * N + 4 * (N - adam) + 8 * adam + (4 * N if accum_on == 'cpu' else 0) + (acts - kept)
-    return gpu_bytes, host_bytes, acts - kept
+    gpu_bytes = (2 * N + grads_gpu + max(0, acts - offloaded) + ce) * 1.05 + 2 * GiB   # + allocator slack and a workspace
+    host_bytes = (4 * N + 4 * (N - adam) + 8 * adam + (4 * N if accum_on == 'cpu' else 0) + offloaded
+                  + 2 * N / 8 + HOST_OVERHEAD_GIB * GiB)             # + staging for an eighth of the gradients in flight
+    return gpu_bytes, host_bytes, offloaded
 
-def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kernel_eff, precision):
+def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kernel_eff):
     "Compute and link seconds per micro-batch, and the optimizer step's seconds."
     N, T = counts['total'], micro_bs * c.seq_len
     flops = (6 * counts['active_matmul'] + 12 * c.n_layers * c.n_heads * c.head_dim * c.seq_len) * T
-    compute = flops / (gpu.peak('bf16') * kernel_eff * (1.2 if precision == 'fp8' else 1))  # FP8 linears: ~1.2x measured
+    compute = flops / (gpu.peak('bf16') * kernel_eff)
     link = ((2 * N if accum_on == 'cpu' else 0) + 2 * offloaded) / (link_gbs * 1e9)
-    opt = (4 + 4 + 4) * N / (link_gbs * 1e9)  # masters + state + gradients in; masters + state out overlap
+    tail = 10 * N / (HOST_ACCUM_GBS * 1e9) if accum_on == 'cpu' else 0   # the host adds the last gradients first
+    opt = tail + (4 + 4 + 4) * N / (link_gbs * 1e9)  # masters + state + gradients in; masters + state out overlap
     return flops, compute, link, opt
 
 # %% ../nbs/00_plan.ipynb #4076adc5
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=0.15,
-                 kernel_eff=0.6, precision='bf16', layers=None, offload_accum=None) -> OffloadPlan:
+                 kernel_eff=0.4, layers=None, offload_accum=None, act_offload=72) -> OffloadPlan:
     "Plan one-GPU training with host offload: memory on both sides, step time, and the flags; fewer layers if the host is short."
     from apex3.config import get_config, param_counts
     from dataclasses import replace
@@ -461,15 +471,17 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
     gpu_budget, host_budget = MEM_FRACTION * g.mem_gb, MEM_FRACTION * host_gib
     for L in ([layers] if layers else range(base.n_layers, 0, -1)):
         c = replace(base, n_layers=L); n = param_counts(c)
-        accum_on = offload_accum or ('gpu' if _offload_budgets(c, n, g, micro_bs, act_budget, 'gpu')[0] / GiB <= gpu_budget else 'cpu')
-        gpu_b, host_b, off = _offload_budgets(c, n, g, micro_bs, act_budget, accum_on)
+        budgets = functools.partial(_offload_budgets, c, n, g, micro_bs, act_budget, act_offload=act_offload)
+        accum_on = offload_accum or ('gpu' if budgets('gpu')[0] / GiB <= gpu_budget else 'cpu')
+        gpu_b, host_b, off = budgets(accum_on)
         if (gpu_b / GiB <= gpu_budget and host_b / GiB <= host_budget) or layers: break
     else: raise UsageError(f'config {base.name} does not fit one {g.name} with {host_gib:g} GiB of host memory even with 1 layer')
-    flops, compute, link, opt = _offload_times(c, n, g, micro_bs, off, accum_on, link_gbs, kernel_eff, precision)
+    flops, compute, link, opt = _offload_times(c, n, g, micro_bs, off, accum_on, link_gbs, kernel_eff)
     micro = max(compute, link); step = accum * micro + opt
     return OffloadPlan(base.name, g.name, L, base.n_layers, micro_bs, accum, c.seq_len, gpu_b / GiB, gpu_budget,
                        host_b / GiB, host_budget, off / GiB, compute, link, micro, opt, step,
-                       accum * flops / (step * g.peak('bf16')), 'compute' if compute >= link else 'link', accum_on, act_budget)
+                       accum * flops / (step * g.peak('bf16')), 'compute' if compute >= link else 'link', accum_on, act_budget,
+                       act_offload)
 
 # %% ../nbs/00_plan.ipynb #0b71b21b
 def _plan_parser():
@@ -503,8 +515,7 @@ def plan_main(argv=()):
     a = _plan_parser().parse_args(argv)
     if a.host_gib is not None:
         if not a.config: raise UsageError('--host-gib plans one-GPU offload training of a model config: add --config NAME')
-        op = offload_plan(a.config, a.gpu, a.host_gib, a.link_gbs, a.micro_bs, a.accum, precision=a.precision,
-                          offload_accum=a.offload_accum)
+        op = offload_plan(a.config, a.gpu, a.host_gib, a.link_gbs, a.micro_bs, a.accum, offload_accum=a.offload_accum)
         print(json.dumps(dataclasses.asdict(op) | dict(flags=op.flags()), indent=1) if a.json else op)
         return 0
     p = plan(a.params, a.active, a.tokens, a.gpu, a.gpus, 90 if a.days is None else a.days, a.precision, a.optimizer,

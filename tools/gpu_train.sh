@@ -20,7 +20,7 @@ else RUN="$RUN --fsdp"; fi
 DATA=$(python3 -c "from apex3.train import demo_specs; t, v = demo_specs('gpu-data'); print('--data', *t, '--val-data', *v)")
 TOKENS=$(( STEPS * 4 * 2 * SEQ * NPROC ))
 python3 -c "from apex3.train import arith_probe_file; arith_probe_file('$CK-probe.jsonl', 16)"
-TRAIN="$RUN $DATA --total-tokens $TOKENS --ckpt-dir $CK --log $OUT/logs/train-$MODE.jsonl --ckpt-every $(( TOKENS / 3 )) --val-every 50 --progress off
+TRAIN="$RUN $DATA --total-tokens $TOKENS --ckpt-dir $CK --step-log $OUT/logs/train-$MODE.jsonl --ckpt-every $(( TOKENS / 3 )) --val-every 50 --progress off
        --arith-probe $CK-probe.jsonl --arith-every 100"
 LAUNCH="python3 -m torch.distributed.run --nproc_per_node $NPROC -m apex3.train"; start=$(date +%s)
 if [ "$MODE" = one ]; then

@@ -282,7 +282,7 @@ def _grad_hook(self, s):
         def land():
             done.synchronize(); self._add(s, stage, 'cpu')
             if pooled: self.pool.release(stage)
-        self.pending.append(self.worker.submit(land))
+        self.pending.append((s, self.worker.submit(land)))
     return hook
 
 def _add(self, s, g, device):
@@ -294,18 +294,18 @@ def _add(self, s, g, device):
 
 def _wait(self):
     "Block until every gradient has landed in its accumulator."
-    for f in self.pending: f.result()
+    for _, f in self.pending: f.result()
     self.pending = []
 
 OffloadOptimizer._grad_hook, OffloadOptimizer._add, OffloadOptimizer.wait = _grad_hook, _add, _wait
 
 # %% ../nbs/20_offload.ipynb #53f2251b
-def _chunks(self):
-    "Slots grouped by optimizer group, cut into chunks of about `chunk_bytes`."
+def _chunks(self, landing=()):
+    "Slots that received a gradient (landed, or in `landing`), grouped by optimizer group, cut into chunks of about `chunk_bytes`."
     out = []
     for g in self.param_groups:
         cur, n = [], 0
-        for s in (s for s in self.slots if s.group is g and not s.fresh):
+        for s in (s for s in self.slots if s.group is g and (not s.fresh or s in landing)):
             if cur and n + s.nbytes > self.chunk_bytes: out.append(cur); cur, n = [], 0
             cur.append(s); n += s.nbytes
         if cur: out.append(cur)
@@ -327,13 +327,19 @@ OffloadOptimizer._chunks = _chunks
 @torch.no_grad()
 def _step(self):
     "One optimizer step over every parameter that received a gradient, streamed chunk by chunk."
-    t0 = time.perf_counter()
-    self.wait()
-    t1, inflight = time.perf_counter(), []
+    t0, waited, inflight = time.perf_counter(), 0.0, []
+    landing = defaultdict(list)   # slot -> gradients still on their way to its host accumulator
+    for s, f in self.pending: landing[s].append(f)
     # Once, not per chunk: the copy stream sees the gradients the backward pass left, and the loads of chunk i+1
     # then run on it while chunk i updates on the compute stream.
     if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())
-    for chunk in self._chunks():
+    # Backward hands gradients over from the last layer to the first: streaming in that order starts with the chunks
+    # whose gradients landed first, while the host still accumulates the rest (each chunk waits only for its own).
+    for chunk in reversed(self._chunks(landing)):
+        tw = time.perf_counter()
+        for s in chunk:
+            for f in landing.pop(s, ()): f.result()
+        waited += time.perf_counter() - tw
         if len(inflight) == 2: inflight.pop(0).synchronize()  # at most two chunks on the GPU
         dev = chunk[0].p.device
         up = lambda t: t.to(dev, non_blocking=True) if t.device != dev else t.clone()
@@ -352,7 +358,9 @@ def _step(self):
                 done = torch.cuda.Event(); done.record(); inflight.append(done)
         for s in chunk: s.fresh = True
     if self.cuda: self.d2h.synchronize()
-    self.timings = dict(wait_s=t1 - t0, stream_s=time.perf_counter() - t1)
+    self.wait()   # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
+    total = time.perf_counter() - t0
+    self.timings = dict(wait_s=waited, stream_s=total - waited)
 
 def _zero_grad(self, set_to_none=True):
     "Gradients live in the accumulators; the next micro-batch overwrites them (see `fresh`)."

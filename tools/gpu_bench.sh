@@ -9,7 +9,7 @@ fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/records" "$OUT/logs"
 MODEL="--config C --set n_experts=64 expert_ffn=1280 top_k=4 router_bias_rate=0.01 router_bias_update=proportional"
-RUNTIME="--compile-blocks --recompute none --moe-chunk 0 --micro-bs 6 --attn fa3 --accum 8 --ce-impl triton --ce-chunk 4096 --steps 4 --warmup 2 --precision fp8_rowwise --fp8-recipe tensorwise"
+RUNTIME="--compile-blocks --recompute none --moe-chunk 0 --micro-bs 6 --attn fa3 --accum 8 --ce-impl triton --ce-chunk 4096 --steps 4 --warmup 2 --precision fp8_rowwise --fp8-recipe tensorwise --profile"
 OFFLOAD="--offload --offload-accum cpu --act-budget 0.15 --gemm-offload hooks --act-offload 72"
 while [ $# -ge 2 ]; do
   name=$1 extra=$2; shift 2

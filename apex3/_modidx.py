@@ -640,6 +640,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.train.memory_stats': ('train.html#memory_stats', 'apex3/train.py'),
                              'apex3.train.model_optim_state': ('train.html#model_optim_state', 'apex3/train.py'),
                              'apex3.train.plot_log': ('train.html#plot_log', 'apex3/train.py'),
+                             'apex3.train.plot_train_records': ('train.html#plot_train_records', 'apex3/train.py'),
                              'apex3.train.probe_accuracy': ('train.html#probe_accuracy', 'apex3/train.py'),
                              'apex3.train.probe_answers': ('train.html#probe_answers', 'apex3/train.py'),
                              'apex3.train.read_log': ('train.html#read_log', 'apex3/train.py'),
@@ -653,6 +654,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.train.train_main': ('train.html#train_main', 'apex3/train.py'),
                              'apex3.train.train_parser': ('train.html#train_parser', 'apex3/train.py'),
                              'apex3.train.train_step': ('train.html#train_step', 'apex3/train.py'),
+                             'apex3.train.train_vs_bench': ('train.html#train_vs_bench', 'apex3/train.py'),
                              'apex3.train.val_losses': ('train.html#val_losses', 'apex3/train.py'),
                              'apex3.train.warn_doc_overflow': ('train.html#warn_doc_overflow', 'apex3/train.py'),
                              'apex3.train.warn_once': ('train.html#warn_once', 'apex3/train.py')}}}

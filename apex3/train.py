@@ -10,7 +10,7 @@ __all__ = ['log', 'TRAJECTORY_FLAGS', 'add_train_flags', 'train_parser', 'warn_o
            'probe_answers', 'probe_accuracy', 'model_optim_state', 'load_model_optim', 'save_state', 'changed_flags',
            'restore_state', 'host_rss_gib', 'memory_stats', 'StepLog', 'read_log', 'make_schedule', 'train', 'loop',
            'default_log', 'plot_log', 'demo_specs', 'measure_tokens_per_s', 'checkpoint_model', 'sample', 'demo_train',
-           'train_main', 'main']
+           'train_main', 'train_vs_bench', 'plot_train_records', 'main']
 
 # %% ../nbs/70_train.ipynb #29420527
 import argparse, json, logging, math, os, sys, time
@@ -618,6 +618,34 @@ def train_main(argv=None) -> int:
     rank = int(os.environ.get('RANK', 0))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format='%(message)s')
     return train(a)
+
+# %% ../nbs/70_train.ipynb #5f645e7b
+def train_vs_bench(steps, bench, skip=10) -> dict:
+    "Median step figures of a training log (after `skip` steps) beside a benchmark record of the same flags."
+    import statistics
+    ok = [r for r in steps[skip:] if not r['skipped']]
+    tok = statistics.median(r['tokens_per_s'] for r in ok)
+    mfu = [r['mfu'] for r in ok if r.get('mfu') is not None]
+    return dict(steps=len(ok), train_tokens_per_s=tok, bench_tokens_per_s=bench['tokens_per_s'],
+                ratio=tok / bench['tokens_per_s'], train_mfu=statistics.median(mfu) if mfu else None,
+                bench_mfu=bench.get('mfu_at_batch'))
+
+def plot_train_records(recs):
+    "Loss and MFU per step of each trainer run in `recs` (`train_step` records), the benchmark's MFU as a line."
+    import matplotlib.pyplot as plt
+    runs = sorted({r['run'] for r in recs if r['kind'] == 'train_step'})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for name in runs:
+        st = [r for r in recs if r['kind'] == 'train_step' and r['run'] == name]
+        a1.plot([r['step'] for r in st], [r['loss'] for r in st], lw=1, label=f'{name} train')
+        for k in sorted({k for r in st for k in r if k.startswith('val_')}):
+            v = [r for r in st if k in r]; a1.plot([r['step'] for r in v], [r[k] for r in v], 'o-', ms=3, label=f'{name} {k}')
+        a2.plot([r['step'] for r in st], [r.get('mfu') or 0 for r in st], lw=1, label=f'{name} step')
+        for b in (r for r in recs if r['kind'] == 'train_bench' and r['run'] == name):
+            a2.axhline(b['mfu_at_batch'], ls='--', color='k', lw=1, label=f'{name} benchmark')
+    a1.set(xlabel='step', ylabel='loss', title='loss (a resumed run continues the same curve)'); a1.legend(fontsize=7)
+    a2.set(xlabel='step', ylabel='MFU', title='MFU per step vs the benchmark'); a2.legend(fontsize=7); fig.tight_layout()
+    return fig
 
 # %% ../nbs/70_train.ipynb #efba6b1f
 def main(argv=None) -> int:

@@ -50,5 +50,8 @@ append_records([{**r, 'kind': 'train_step', 'run': name, 'gpus': int(nproc)} for
                [{**b, 'kind': 'train_bench', 'run': name} for b in bench], f'{out}/records/train.jsonl')
 lines = open(f'{out}/logs/train-{mode}.jsonl').read().splitlines()
 print(f'{name}: {len(steps)} steps ({len(lines) - len(steps)} redone after the restart), loss {steps[0]["loss"]:.3f} -> {steps[-1]["loss"]:.3f}')
-print({k: v for k, v in steps[-1].items() if k.startswith(('val_', 'arith', 'step_s', 'mfu', 'tokens_per'))})
+print({k: v for k, v in steps[-1].items() if k.startswith(('val_', 'arith_acc', 'z_loss', 'step_s', 'mfu', 'tokens_per'))})
+if bench:
+    from apex3.train import train_vs_bench
+    print('train vs bench:', train_vs_bench(steps, bench[-1]))
 PY

@@ -498,7 +498,7 @@ def loop(run, loader, val, sched, st, d) -> int:
             if tok is not None and _due(a.arith_every, st.step):
                 rec['arith_answers'] = probe_answers(run.model, tok, probe, a.arith_max_new, run.device, d)
                 rec['arith_acc'] = probe_accuracy(rec['arith_answers'], probe)
-            wall, t_last = time.perf_counter() - t_last, time.perf_counter()   # since the last record: everything counts
+            now = time.perf_counter(); wall, t_last = now - t_last, now   # since the last record: everything counts
             rec.update(step_s=dt, tokens_per_s=step_tokens / dt, mfu=flops / dt / (peak * 1e12) if peak else None,
                        wall_s=wall, mfu_wall=flops / wall / (peak * 1e12) if peak else None, **memory_stats(run.device))
             logger.write(rec)

@@ -175,8 +175,8 @@ def latest_checkpoint(ckpt_dir) -> Path | None:
     return None
 
 # %% ../nbs/71_ckpt.ipynb #3de45f6a
-def load_checkpoint(path, components=None, map_location='cpu') -> dict:
-    "Verify and load the checkpoint at `path`: every component, or just `components`, as a dict."
+def load_checkpoint(path, components=None, map_location='cpu', verified=False) -> dict:
+    "Verify (unless `verified`) and load the checkpoint at `path`: every component, or just `components`, as a dict."
     path = Path(path)
     if not (path / SUMS).is_file(): raise UsageError(f'{path} is not a checkpoint (no {SUMS})')
     try: have = [f.removesuffix('.pt') for f in read_sums(path)]
@@ -184,7 +184,7 @@ def load_checkpoint(path, components=None, map_location='cpu') -> dict:
     names = have if components is None else [components] if isinstance(components, str) else list(components)
     if missing := [n for n in names if n not in have]:
         raise UsageError(f'checkpoint {path} has no {", ".join(missing)} (it has {", ".join(have)})')
-    if problems := verify_checkpoint(path, [f'{n}.pt' for n in names]):
+    if not verified and (problems := verify_checkpoint(path, [f'{n}.pt' for n in names])):
         raise UsageError(f'checkpoint {path} is corrupt: {"; ".join(problems)}')
     return {n: torch.load(path / f'{n}.pt', map_location=map_location, weights_only=False) for n in names}
 

@@ -369,7 +369,7 @@ def restore_state(run, loader, d):
     from apex3.ckpt import latest_checkpoint, load_checkpoint, set_rng_state
     path = latest_checkpoint(run.a.ckpt_dir)
     if path is None: warn_once(f'--resume: no checkpoint in {run.a.ckpt_dir}, starting afresh'); return None
-    ck = load_checkpoint(path)
+    ck = load_checkpoint(path, verified=True)   # latest_checkpoint has just checked every file's checksum
     if len(ck['data']) != d.world: raise UsageError(f"{path} was written by {len(ck['data'])} ranks, this job has {d.world}")
     if diff := changed_flags(ck['args'], vars(run.a)):
         log.warning('--resume: flags that shape the run differ from the run that wrote %s: %s', path,

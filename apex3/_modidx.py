@@ -609,6 +609,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.train._poisoned': ('train.html#_poisoned', 'apex3/train.py'),
                              'apex3.train._probe_setup': ('train.html#_probe_setup', 'apex3/train.py'),
                              'apex3.train._should_stop': ('train.html#_should_stop', 'apex3/train.py'),
+                             'apex3.train._sync_on_last': ('train.html#_sync_on_last', 'apex3/train.py'),
                              'apex3.train._token_root': ('train.html#_token_root', 'apex3/train.py'),
                              'apex3.train._tokens': ('train.html#_tokens', 'apex3/train.py'),
                              'apex3.train._train': ('train.html#_train', 'apex3/train.py'),

@@ -135,11 +135,12 @@ def init_distributed(a) -> Dist:
     dist.init_process_group('nccl' if cuda else 'gloo')
     return Dist(rank, world, local)
 
-def shard_model(model):
-    "FSDP2: every block is a unit, the root takes the rest."
-    from torch.distributed.fsdp import fully_shard
-    for block in model.layers: fully_shard(block)
-    fully_shard(model)
+def shard_model(model, cuda=False):
+    "FSDP2: every block is a unit, the root takes the rest; bf16 gathers with fp32 gradient reduction on GPUs."
+    from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else MixedPrecisionPolicy()
+    for block in model.layers: fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
 
 def global_mean(x, d):
     "Mean of a scalar tensor over ranks."
@@ -173,8 +174,9 @@ def build_run(a, d):
     from apex3.optim import build_optimizer
     run = Run(run_args(a))
     if a.fsdp and d.world == 1: warn_once('--fsdp with one rank: nothing to shard, training unsharded')
-    if a.fsdp and d.world > 1:
-        shard_model(run.model)
+    run.sharded = a.fsdp and d.world > 1
+    if run.sharded:
+        shard_model(run.model, run.device.type == 'cuda')
         run.opt = build_optimizer(run.model, lr=a.lr)
     return run
 
@@ -209,6 +211,12 @@ def warn_doc_overflow(run, n):
         warn_once(f'{n} documents found no cu_seqlens slot (max_docs={run.cfg.max_docs}): attention crosses their '
                   'boundaries; raise it with --set max_docs=N')
 
+def _sync_on_last(run, batches):
+    "The micro-batches; under FSDP, gradients are reduce-scattered after the last one only."
+    for i, x in enumerate(batches):
+        if getattr(run, 'sharded', False): run.model.set_requires_gradient_sync(i == len(batches) - 1)
+        yield x
+
 def train_step(run, loader, st, sched, d) -> dict:
     "One optimizer step of `accum` micro-batches at the schedule's lr; a non-finite loss skips it. Returns the step's record."
     a, fn = run.a, run.loss_fn
@@ -216,7 +224,7 @@ def train_step(run, loader, st, sched, d) -> dict:
     if st.step + 1 in a.inject_nan_at: run.loss_fn = _poisoned(fn)
     batches = [torch.from_numpy(loader.next_batch()).to(run.device) for _ in range(a.accum)]
     run.z_parts.clear()   # validation and the probe add theirs between steps
-    try: losses = [micro_step(run, x) for x in batches]
+    try: losses = [micro_step(run, x) for x in _sync_on_last(run, batches)]
     finally: run.loss_fn = fn
     loss = global_mean(torch.stack(losses).mean(), d).item()
     z = global_mean(torch.stack(run.z_parts).mean(), d).item()   # the z·lse² part inside `loss`

@@ -88,8 +88,8 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(data, tmp_path):
     assert ck['train']['step'] == 4 and ck['train']['tokens'] == 256 and ck['train']['bad_streak'] == 0
     assert all(torch.isfinite(v).all() for v in ck['model'].values() if v.is_floating_point())
 
-def _reference_losses(specs, steps, seq, mb, lr, total, world=2):
-    "One process, no FSDP: the concatenation of every rank's rows as one global batch, the trainer's model, optimizer, loss and schedule."
+def _reference_losses(specs, steps, seq, mb, lr, total, world=2, accum=1):
+    "One process, no FSDP: each micro-batch the concatenation of every rank's rows, the trainer's model, optimizer, loss and schedule."
     from apex3.config import get_config
     from apex3.model import Transformer
     from apex3.optim import build_optimizer, WSD
@@ -102,11 +102,12 @@ def _reference_losses(specs, steps, seq, mb, lr, total, world=2):
     loaders = [MixtureLoader(specs, seq, mb, 0, r, world) for r in range(world)]
     tokens, out = 0, []
     for _ in range(steps):
-        x = torch.from_numpy(__import__('numpy').concatenate([l.next_batch() for l in loaders]))
-        opt.set_lr_factor(sched(tokens))
-        loss = model(x[:, :-1], x[:, 1:], loss_fn=loss_fn); loss.backward()
+        opt.set_lr_factor(sched(tokens)); losses = []
+        for _ in range(accum):
+            x = torch.from_numpy(__import__('numpy').concatenate([l.next_batch() for l in loaders]))
+            loss = model(x[:, :-1], x[:, 1:], loss_fn=loss_fn); (loss / accum).backward(); losses.append(loss.item())
         opt.step(); opt.zero_grad(); model.update_router_biases()
-        out.append(loss.item()); tokens += world * mb * seq
+        out.append(sum(losses) / accum); tokens += world * accum * mb * seq
     return out
 
 def _fsdp_run(ckpt, *extra):
@@ -119,19 +120,20 @@ def _fsdp_run(ckpt, *extra):
     return err
 
 def test_fsdp_two_ranks_match_one_process_resume_and_probe(data, tmp_path):
-    "FSDP2 on two ranks: losses match one process on the concatenated batch; resuming a sharded checkpoint gives the"
-    "uninterrupted run's losses; the probe decodes under FSDP exactly what the unsharded checkpoint decodes."
+    "FSDP2 on two ranks, two micro-batches a step (gradients reduced after the second only): losses match one process on"
+    "the concatenated batches; resuming a sharded checkpoint gives the uninterrupted run's losses; the probe decodes"
+    "under FSDP exactly what the unsharded checkpoint decodes."
     from apex3.train import ByteTokenizer, arith_probe_file, checkpoint_model, load_probe, probe_answers
     from apex3.ckpt import latest_checkpoint
     import shutil
     steps, spec = 6, data[1]
     probe = arith_probe_file(tmp_path / 'probe.jsonl', 5)
-    common = ['--data', spec, '--total-tokens', 2 * 64 * steps, '--ckpt-every', 2 * 64 * 3, '--keep-ckpts', 2,
+    common = ['--data', spec, '--accum', 2, '--total-tokens', 4 * 64 * steps, '--ckpt-every', 4 * 64 * 3, '--keep-ckpts', 2,
               '--arith-probe', probe, '--arith-every', 3, '--arith-max-new', 4]
     _fsdp_run(tmp_path / 'fsdp', *common)
     recs = read_log(tmp_path / 'fsdp' / 'train.jsonl')
     got = [r['loss'] for r in recs]
-    want = _reference_losses([spec], steps, 32, 2, 3e-3, 2 * 64 * steps)
+    want = _reference_losses([spec], steps, 32, 2, 3e-3, 4 * 64 * steps, accum=2)
     assert len(got) == steps
     assert max(abs(g - w) for g, w in zip(got, want)) < 2e-3, (got, want)
     # the probe at step 6 ran on the weights the step-6 checkpoint holds: decode them unsharded, in one process

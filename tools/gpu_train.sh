@@ -13,7 +13,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/records" "$OUT/logs"; CK=/tmp/ckpt-$MODE; rm -rf $CK
 NPROC=1; [ "$MODE" = fsdp ] && NPROC=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))")
 read -r VOCAB EOS <<<"$(python3 -c "import json; m=json.load(open('gpu-data/out/tokens/code/meta.json')); print(m['vocab_size'], m['eos_id'])")"
-RUN="--config $CONFIG --set vocab_size=$VOCAB eos_id=$EOS --seq-len $SEQ --micro-bs 4 --accum 2 --lr 1e-3 --ce-impl triton --ce-chunk 4096"
+# the same attention kernel for both: the benchmark's rows are single documents, the corpus's are not
+RUN="--config $CONFIG --set vocab_size=$VOCAB eos_id=$EOS --seq-len $SEQ --micro-bs 4 --accum 2 --lr 1e-3 --ce-impl triton --ce-chunk 4096 --attn flex"
 if [ "$MODE" = one ]; then
   RUN="$RUN --compile-blocks --offload --offload-accum cpu --act-budget 0.15 --gemm-offload hooks --act-offload 24 --precision fp8_rowwise --fp8-recipe tensorwise"
 else RUN="$RUN --fsdp"; fi

@@ -313,10 +313,12 @@ def probe_answers(model, tok, probe, max_new, device, d=None) -> list:
     rank, world = (d.rank, d.world) if d else (0, 1)
     mine = probe[rank::world]
     outs = []
-    for i in range(math.ceil(len(probe) / world)):   # the same count on every rank: sharded forwards run in lockstep
-        ids = tok.encode((mine[i] if i < len(mine) else probe[0])[0])
-        out = generate(model, torch.tensor([ids], device=device), max_new, eos_id=model.cfg.eos_id if world == 1 else None)
-        outs.append(tok.decode(_until_eos(out[0, len(ids):].tolist(), model.cfg.eos_id)))
+    # eager: compiled blocks would recompile for every new prompt length and cache position
+    with torch.compiler.set_stance('force_eager'):
+        for i in range(math.ceil(len(probe) / world)):   # the same count on every rank: sharded forwards run in lockstep
+            ids = tok.encode((mine[i] if i < len(mine) else probe[0])[0])
+            out = generate(model, torch.tensor([ids], device=device), max_new, eos_id=model.cfg.eos_id if world == 1 else None)
+            outs.append(tok.decode(_until_eos(out[0, len(ids):].tolist(), model.cfg.eos_id)))
     shares = _gather(outs[:len(mine)], d) if d else [outs]
     return [shares[i % world][i // world] for i in range(len(probe))]
 

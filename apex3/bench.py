@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['log', 'KERNEL_KINDS', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_config', 'micro_flops',
            'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'micro_step', 'optimizer_step', 'random_tokens',
-           'measure_link', 'kernel_kind', 'profile_phase', 'peak_rss_gib', 'bench', 'bench_main', 'main']
+           'measure_link', 'kernel_kind', 'profile_phase', 'status_gib', 'phase_memory', 'bench', 'bench_main', 'main',
+           'plot_memory_phases']
 
 # %% ../nbs/25_bench.ipynb #55058469
 import contextlib, dataclasses, functools, logging, math, statistics, sys, time
@@ -195,10 +196,16 @@ def profile_phase(fn, device, top=8) -> dict:
     return dict(wall_s=wall, busy_s=sum(by_kind.values()), by_kind=by_kind,
                 top=[(e.key[:80], e.self_device_time_total / 1e6, e.count) for e in top_k])
 
-def peak_rss_gib() -> float:
-    "Peak resident memory of this process (GiB; VmHWM), 0 where /proc is missing."
-    try: return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')) * 1024 / GiB
+def status_gib(field='VmRSS') -> float:
+    "A memory field of /proc/self/status in GiB (VmRSS resident now, VmHWM its peak); 0 where /proc is missing."
+    try: return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(field + ':')) * 1024 / GiB
     except (OSError, StopIteration): return 0.0
+
+def phase_memory(dev) -> dict:
+    "GPU peak since the last call (its counter is reset) and host resident memory now, in GiB."
+    gpu = None
+    if dev.type == 'cuda': gpu = torch.cuda.max_memory_allocated(dev) / GiB; torch.cuda.reset_peak_memory_stats(dev)
+    return dict(gpu_peak_gib=gpu, host_rss_gib=status_gib())
 
 def bench(a) -> dict:
     "Warm up, time `a.steps` optimizer steps, return the record."
@@ -210,11 +217,15 @@ def bench(a) -> dict:
     micro_times, step_times, opt_times, losses = [], [], [], []
     if dev.type == 'cuda': torch.cuda.reset_peak_memory_stats(dev)
     for step in range(a.warmup + a.steps):
+        last = step == a.warmup + a.steps - 1   # its memory is read phase by phase (after each synchronising .item())
+        if last: mem = [dict(phase='before', **phase_memory(dev))]
         _sync(dev); t_step = time.perf_counter(); times = []
-        for _ in range(a.accum):
+        for i in range(a.accum):
             x = random_tokens(cfg, a.micro_bs, gen, dev)
             t0 = time.perf_counter(); losses.append(micro_step(run, x).item()); times.append(time.perf_counter() - t0)
+            if last: mem.append(dict(phase=f'micro-batch {i + 1}', **phase_memory(dev)))
         t0 = time.perf_counter(); loads = optimizer_step(run); _sync(dev); t_opt = time.perf_counter() - t0
+        if last: mem.append(dict(phase='optimizer step', **phase_memory(dev)))
         if step >= a.warmup:
             micro_times += times; step_times.append(time.perf_counter() - t_step)
             opt_times.append(dict(optimizer_s=t_opt, **getattr(run.opt, 'timings', {})))
@@ -235,10 +246,10 @@ def bench(a) -> dict:
                 mfu_micro=flops / statistics.median(micro_times) / (peak * 1e12) if peak else None, peak_tflops=peak,
                 offloaded_tensors=act.get('offloaded_tensors', 0), offloaded_gib=act.get('offloaded_gib', 0.0),
                 overflow_gib=act.get('overflow_gib', 0.0) / max(1, (a.warmup + a.steps) * a.accum),
-                peak_gpu_gib=torch.cuda.max_memory_allocated(dev) / GiB if dev.type == 'cuda' else None,
+                peak_gpu_gib=max(m['gpu_peak_gib'] for m in mem) if dev.type == 'cuda' else None, memory_phases=mem,
                 host_pinned_gib=act.get('host_pinned_gib', 0.0) + opt_pool.get('host_pinned_gib', 0.0),
                 router_max_mean=loads.max().item(), loss_first=losses[0], loss_last=losses[-1],
-                params=param_counts(cfg)['total'], host_peak_rss_gib=peak_rss_gib(), profile=prof, **phases, **link)
+                params=param_counts(cfg)['total'], host_peak_rss_gib=status_gib('VmHWM'), profile=prof, **phases, **link)
 
 # %% ../nbs/25_bench.ipynb #e51edbbd
 def bench_main(argv=None):
@@ -257,3 +268,17 @@ def main(argv=None) -> int:
     return run_command('bench', bench_main, argv)
 
 if __name__ == '__main__' and not hasattr(sys, 'ps1'): sys.exit(main())  # not when a notebook runs this cell
+
+# %% ../nbs/25_bench.ipynb #bf2c1750
+def plot_memory_phases(rec):
+    "GPU peak and host resident GiB per phase of a benchmark record's last step."
+    import matplotlib.pyplot as plt
+    ph = rec['memory_phases']
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    x = range(len(ph))
+    if ph[0]['gpu_peak_gib'] is not None: ax.bar(x, [m['gpu_peak_gib'] for m in ph], color='#4c72b0', label='GPU peak')
+    ax.plot(x, [m['host_rss_gib'] for m in ph], 'o-', color='#dd8452', label='host resident')
+    ax.set_xticks(list(x), [m['phase'] for m in ph], rotation=30, ha='right', fontsize=8)
+    ax.set(ylabel='GiB', title=f"{rec['config']} L{rec['cfg']['n_layers']}: memory per phase"); ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

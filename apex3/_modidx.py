@@ -23,6 +23,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.bench.optimizer_step': ('bench.html#optimizer_step', 'apex3/bench.py'),
                              'apex3.bench.phase_memory': ('bench.html#phase_memory', 'apex3/bench.py'),
                              'apex3.bench.plot_memory_phases': ('bench.html#plot_memory_phases', 'apex3/bench.py'),
+                             'apex3.bench.plot_predicted_vs_measured': ('bench.html#plot_predicted_vs_measured', 'apex3/bench.py'),
                              'apex3.bench.profile_phase': ('bench.html#profile_phase', 'apex3/bench.py'),
                              'apex3.bench.random_tokens': ('bench.html#random_tokens', 'apex3/bench.py'),
                              'apex3.bench.run_config': ('bench.html#run_config', 'apex3/bench.py'),

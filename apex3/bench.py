@@ -6,7 +6,7 @@
 __all__ = ['log', 'KERNEL_KINDS', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_config', 'micro_flops',
            'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'micro_step', 'optimizer_step', 'random_tokens',
            'measure_link', 'kernel_kind', 'profile_phase', 'status_gib', 'phase_memory', 'bench', 'bench_main', 'main',
-           'plot_memory_phases']
+           'plot_memory_phases', 'plot_predicted_vs_measured']
 
 # %% ../nbs/25_bench.ipynb #55058469
 import contextlib, dataclasses, functools, logging, math, statistics, sys, time
@@ -280,5 +280,20 @@ def plot_memory_phases(rec):
     ax.plot(x, [m['host_rss_gib'] for m in ph], 'o-', color='#dd8452', label='host resident')
     ax.set_xticks(list(x), [m['phase'] for m in ph], rotation=30, ha='right', fontsize=8)
     ax.set(ylabel='GiB', title=f"{rec['config']} L{rec['cfg']['n_layers']}: memory per phase"); ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/25_bench.ipynb #57a33b3d
+def plot_predicted_vs_measured(pvm):
+    "Each planner figure against what the run measured, one point per run; on the diagonal the plan was right."
+    import matplotlib.pyplot as plt
+    pairs = [('micro_s', 'micro-batch s'), ('opt_s', 'optimizer step s'), ('gpu_gib', 'GPU GiB'), ('act_gib', 'offloaded GiB')]
+    fig, axs = plt.subplots(1, len(pairs), figsize=(13, 3.2))
+    for ax, (k, title) in zip(axs, pairs):
+        pred, meas = pvm[f'{k}_pred'], pvm[f'{k}_meas']
+        ax.scatter(pred, meas)
+        for name, x, y in zip(pvm.index, pred, meas): ax.annotate(name, (x, y), fontsize=7)
+        hi = max(pred.max(), meas.max()) * 1.15
+        ax.plot([0, hi], [0, hi], 'k--', lw=0.8); ax.set(xlim=(0, hi), ylim=(0, hi), xlabel='predicted', ylabel='measured', title=title)
     fig.tight_layout()
     return fig

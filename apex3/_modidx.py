@@ -629,6 +629,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.train.default_log': ('train.html#default_log', 'apex3/train.py'),
                              'apex3.train.demo_specs': ('train.html#demo_specs', 'apex3/train.py'),
                              'apex3.train.demo_train': ('train.html#demo_train', 'apex3/train.py'),
+                             'apex3.train.device_memory_bytes': ('train.html#device_memory_bytes', 'apex3/train.py'),
                              'apex3.train.discard_step': ('train.html#discard_step', 'apex3/train.py'),
                              'apex3.train.doc_overflow_count': ('train.html#doc_overflow_count', 'apex3/train.py'),
                              'apex3.train.find_tokenizer': ('train.html#find_tokenizer', 'apex3/train.py'),

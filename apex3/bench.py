@@ -218,7 +218,7 @@ def bench(a) -> dict:
     if dev.type == 'cuda': torch.cuda.reset_peak_memory_stats(dev)
     for step in range(a.warmup + a.steps):
         last = step == a.warmup + a.steps - 1   # its memory is read phase by phase (after each synchronising .item())
-        if last: mem = [dict(phase='before', **phase_memory(dev))]
+        if last: mem = [dict(phase='earlier steps', **phase_memory(dev))]   # the GPU peak of warm-up and earlier steps
         _sync(dev); t_step = time.perf_counter(); times = []
         for i in range(a.accum):
             x = random_tokens(cfg, a.micro_bs, gen, dev)

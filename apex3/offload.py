@@ -75,6 +75,7 @@ void accumulate(torch::Tensor acc, torch::Tensor src) {
   TORCH_CHECK(acc.scalar_type() == torch::kFloat32, "the accumulator is float32");
   float* a = acc.data_ptr<float>();
   const int64_t n = acc.numel();
+  pybind11::gil_scoped_release no_gil;  // the worker thread adds while the main thread streams and launches kernels
   if (src.scalar_type() == torch::kBFloat16) {
     const uint16_t* s = reinterpret_cast<const uint16_t*>(src.data_ptr<at::BFloat16>());
     #pragma omp parallel for simd schedule(static)
@@ -333,9 +334,10 @@ def _step(self):
     # Once, not per chunk: the copy stream sees the gradients the backward pass left, and the loads of chunk i+1
     # then run on it while chunk i updates on the compute stream.
     if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())
-    # Backward hands gradients over from the last layer to the first: streaming in that order starts with the chunks
-    # whose gradients landed first, while the host still accumulates the rest (each chunk waits only for its own).
-    for chunk in reversed(self._chunks(landing)):
+    # Chunks go in the order their gradients reach the host (the worker adds them in arrival order), so streaming
+    # starts with what has landed while the host still accumulates the rest; each chunk waits only for its own.
+    arrival = {s: i for i, (s, _) in enumerate(self.pending)}   # a slot's last gradient of this step
+    for chunk in sorted(self._chunks(landing), key=lambda c: max(arrival.get(s, -1) for s in c)):
         tw = time.perf_counter()
         for s in chunk:
             for f in landing.pop(s, ()): f.result()

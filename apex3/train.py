@@ -5,12 +5,12 @@
 # %% auto #0
 __all__ = ['log', 'TRAJECTORY_FLAGS', 'add_train_flags', 'train_parser', 'warn_once', 'run_args', 'data_meta', 'check_data',
            'byte_shards', 'Dist', 'init_distributed', 'shard_model', 'global_mean', 'sync_expert_loads', 'check_args',
-           'build_run', 'TrainState', 'discard_step', 'doc_overflow_count', 'warn_doc_overflow', 'train_step', 'ValSet',
-           'val_losses', 'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'load_probe', 'arith_probe_file',
-           'probe_answers', 'probe_accuracy', 'model_optim_state', 'load_model_optim', 'save_state', 'changed_flags',
-           'restore_state', 'host_rss_gib', 'memory_stats', 'StepLog', 'read_log', 'make_schedule', 'train', 'loop',
-           'default_log', 'plot_log', 'demo_specs', 'measure_tokens_per_s', 'checkpoint_model', 'sample', 'demo_train',
-           'train_main', 'train_vs_bench', 'plot_train_records', 'main']
+           'build_run', 'device_memory_bytes', 'TrainState', 'discard_step', 'doc_overflow_count', 'warn_doc_overflow',
+           'train_step', 'ValSet', 'val_losses', 'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'load_probe',
+           'arith_probe_file', 'probe_answers', 'probe_accuracy', 'model_optim_state', 'load_model_optim', 'save_state',
+           'changed_flags', 'restore_state', 'host_rss_gib', 'memory_stats', 'StepLog', 'read_log', 'make_schedule',
+           'train', 'loop', 'default_log', 'plot_log', 'demo_specs', 'measure_tokens_per_s', 'checkpoint_model',
+           'sample', 'demo_train', 'train_main', 'train_vs_bench', 'plot_train_records', 'main']
 
 # %% ../nbs/70_train.ipynb #29420527
 import argparse, json, logging, math, os, sys, time
@@ -138,7 +138,8 @@ def init_distributed(a) -> Dist:
 def shard_model(model, cuda=False):
     "FSDP2: every block is a unit, the root takes the rest; bf16 gathers with fp32 gradient reduction on GPUs."
     from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else MixedPrecisionPolicy()
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False) if cuda
+          else MixedPrecisionPolicy())
     for block in model.layers: fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
 
@@ -178,7 +179,15 @@ def build_run(a, d):
     if run.sharded:
         shard_model(run.model, run.device.type == 'cuda')
         run.opt = build_optimizer(run.model, lr=a.lr)
+        # skipping the reduce of early micro-batches keeps an unsharded fp32 gradient of every parameter on each rank
+        full_grad = 4 * sum(p.numel() for p in run.model.parameters())
+        run.defer_sync = full_grad <= 0.1 * device_memory_bytes(run.device)
     return run
+
+def device_memory_bytes(device):
+    "Memory of a GPU, or the host's for the CPU."
+    if device.type == 'cuda': return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
 # %% ../nbs/70_train.ipynb #e0209fe2
 @dataclass
@@ -212,9 +221,9 @@ def warn_doc_overflow(run, n):
                   'boundaries; raise it with --set max_docs=N')
 
 def _sync_on_last(run, batches):
-    "The micro-batches; under FSDP, gradients are reduce-scattered after the last one only."
+    "The micro-batches; under FSDP (when `defer_sync`), gradients are reduce-scattered after the last one only."
     for i, x in enumerate(batches):
-        if getattr(run, 'sharded', False): run.model.set_requires_gradient_sync(i == len(batches) - 1)
+        if getattr(run, 'sharded', False): run.model.set_requires_gradient_sync(not run.defer_sync or i == len(batches) - 1)
         yield x
 
 def train_step(run, loader, st, sched, d) -> dict:

@@ -10,7 +10,7 @@ if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then   # NO_WH
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/records" "$OUT/logs"; CK=/tmp/ckpt-$MODE; rm -rf $CK
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/records" "$OUT/logs"; CK=/tmp/ckpt-$MODE; rm -rf $CK "$OUT/logs/train-$MODE.jsonl"
 NPROC=1; [ "$MODE" = fsdp ] && NPROC=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))")
 read -r VOCAB EOS <<<"$(python3 -c "import json; m=json.load(open('gpu-data/out/tokens/code/meta.json')); print(m['vocab_size'], m['eos_id'])")"
 # the same attention kernel for both: the benchmark's rows are single documents, the corpus's are not
@@ -23,14 +23,16 @@ TOKENS=$(( STEPS * 4 * 2 * SEQ * NPROC ))
 python3 -c "from apex3.train import arith_probe_file; arith_probe_file('$CK-probe.jsonl', 16)"
 TRAIN="$RUN $DATA --total-tokens $TOKENS --ckpt-dir $CK --step-log $OUT/logs/train-$MODE.jsonl --ckpt-every $(( TOKENS / 3 )) --val-every 50 --progress off
        --arith-probe $CK-probe.jsonl --arith-every 100"
-LAUNCH="python3 -m torch.distributed.run --nproc_per_node $NPROC -m apex3.train"; start=$(date +%s)
+LAUNCH="python3 -m torch.distributed.run --standalone --nproc_per_node $NPROC -m apex3.train"   # a free port each time
+start=$(date +%s)
 if [ "$MODE" = one ]; then
   [ -n "${NO_BENCH:-}" ] || { echo "== bench"; timeout 200 python3 -m apex3.bench $RUN --steps 6 --warmup 2 --json $OUT/logs/bench-$MODE.jsonl > $OUT/logs/bench-$MODE.log 2>&1
   echo "   rc $?"; grep "micro_s_median=" $OUT/logs/bench-$MODE.log; }
   echo "== train, SIGKILLed after its first checkpoint"
   $LAUNCH $TRAIN > $OUT/logs/train-$MODE-1.log 2>&1 & pid=$!
   until compgen -G "$CK/tokens-*" >/dev/null || ! kill -0 $pid 2>/dev/null; do sleep 0.5; done
-  sleep 3; pkill -9 -f "apex3.train" ; wait $pid; echo "   killed (rc $?) after $(( $(date +%s) - start )) s at step $(wc -l < $OUT/logs/train-$MODE.jsonl)"
+  # the launcher and its rank (torchrun starts ranks in their own sessions): every process of this run, by its --ckpt-dir
+  sleep 3; pkill -9 -f "apex3.train .*--ckpt-dir $CK "; wait $pid; echo "   killed (rc $?) after $(( $(date +%s) - start )) s at step $(wc -l < $OUT/logs/train-$MODE.jsonl)"
 else
   echo "== train $NPROC ranks, half the steps"; timeout 250 $LAUNCH $TRAIN --max-steps $(( STEPS / 2 )) > $OUT/logs/train-$MODE-1.log 2>&1
   echo "   rc $? after $(( $(date +%s) - start )) s"
@@ -44,7 +46,9 @@ from apex3.records import append_records
 from apex3.train import read_log
 out, mode, config, nproc = sys.argv[1:]
 name = f'{config}-{"offload-fp8" if mode == "one" else "fsdp"}-{nproc}gpu-corpus'
-steps = read_log(f'{out}/logs/train-{mode}.jsonl')
+log = Path(f'{out}/logs/train-{mode}.jsonl')
+steps = read_log(log) if log.exists() else []
+if not steps: sys.exit('no step was logged: see the logs')
 bench = Path(f'{out}/logs/bench-{mode}.jsonl')
 bench = [json.loads(l) for l in bench.read_text().splitlines()] if bench.exists() else []
 append_records([{**r, 'kind': 'train_step', 'run': name, 'gpus': int(nproc)} for r in steps] +

@@ -174,7 +174,7 @@ def _sync(device):
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
 KERNEL_KINDS = (('copy', ('memcpy', 'memset')), ('attention', ('flash', 'fmha', 'attention', 'cudnn')),
-                ('gemm', ('gemm', 'cutlass', 'sm90_xmma', 'nvjet', 'matmul', 'grouped_mm')))
+                ('gemm', ('gemm', 'cutlass', 'sm90_xmma', 'nvjet', 'matmul', 'grouped_mm', 'tem_fused_mm', 'tem_fused_addmm', 'bmm')))
 
 def kernel_kind(name):
     "gemm, attention, copy or other, from a kernel's name."

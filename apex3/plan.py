@@ -494,7 +494,7 @@ def _plan_parser():
     when = p.add_mutually_exclusive_group()
     when.add_argument('--gpus', type=int, help='GPUs available: plan the fastest layout on at most this many')
     when.add_argument('--days', type=float, help='target days (default: 90): plan the fewest GPUs that meet it')
-    p.add_argument('--precision', default='bf16', choices=list(BYTES))
+    p.add_argument('--precision', choices=list(BYTES), help='training precision (default: bf16)')
     p.add_argument('--optimizer', default='adamw', choices=list(STATE_BYTES))
     p.add_argument('--seq', type=int, help="sequence length (default: 4096, or the config's)")
     p.add_argument('--batch', default=str(2**22), help='tokens per step (default: 4.19M)')
@@ -515,10 +515,11 @@ def plan_main(argv=()):
     a = _plan_parser().parse_args(argv)
     if a.host_gib is not None:
         if not a.config: raise UsageError('--host-gib plans one-GPU offload training of a model config: add --config NAME')
+        if a.precision: raise UsageError('--precision is not a choice of the one-GPU plan: its compute rate is measured with the published FP8 line')
         op = offload_plan(a.config, a.gpu, a.host_gib, a.link_gbs, a.micro_bs, a.accum, offload_accum=a.offload_accum)
         print(json.dumps(dataclasses.asdict(op) | dict(flags=op.flags()), indent=1) if a.json else op)
         return 0
-    p = plan(a.params, a.active, a.tokens, a.gpu, a.gpus, 90 if a.days is None else a.days, a.precision, a.optimizer,
+    p = plan(a.params, a.active, a.tokens, a.gpu, a.gpus, 90 if a.days is None else a.days, a.precision or 'bf16', a.optimizer,
              a.seq, a.layers, a.width, a.mfu, a.batch, a.config)
     print(json.dumps(p.to_dict(), indent=1) if a.json else p)
     return 0

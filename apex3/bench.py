@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['log', 'KERNEL_KINDS', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_config', 'micro_flops',
-           'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'micro_step', 'optimizer_step', 'random_tokens',
-           'measure_link', 'kernel_kind', 'profile_phase', 'status_gib', 'phase_memory', 'bench', 'bench_main', 'main',
-           'plot_memory_phases', 'plot_predicted_vs_measured']
+           'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'check_host_memory', 'micro_step',
+           'optimizer_step', 'random_tokens', 'measure_link', 'kernel_kind', 'profile_phase', 'status_gib',
+           'phase_memory', 'bench', 'bench_main', 'main', 'plot_memory_phases', 'plot_predicted_vs_measured']
 
 # %% ../nbs/25_bench.ipynb #55058469
 import contextlib, dataclasses, functools, logging, math, statistics, sys, time
@@ -110,6 +110,7 @@ class Run:
         from apex3.optim import build_optimizer
         from apex3.offload import OffloadOptimizer, ActivationOffload, PinnedPool, gemm_offload_hooks, host_available_bytes
         self.a, self.cfg, self.device = a, run_config(a), torch.device(a.device)
+        if a.offload: check_host_memory(a, self.cfg, self.device)
         torch.manual_seed(a.seed)
         dtype = torch.bfloat16 if a.offload else torch.float32
         with self.device: self.model = Transformer(self.cfg).to(dtype)
@@ -132,6 +133,19 @@ class Run:
 
 def _device_memory(device):
     return torch.cuda.get_device_properties(device).total_memory if device.type == 'cuda' else 16 * GiB
+
+def check_host_memory(a, cfg, device):
+    "Refuse an offload run whose host memory (the planner's estimate) exceeds what the host has available, before pinning any."
+    from apex3.plan import offload_host_gib, HOST_OVERHEAD_GIB
+    from apex3.offload import host_available_bytes
+    keep = 1.0 if a.act_budget is None else a.act_budget   # without a budget, activations beyond --act-offload stay on the GPU
+    need = offload_host_gib(cfg, _device_memory(device) / GiB, a.micro_bs, keep, a.offload_accum, a.act_offload,
+                            overhead_gib=HOST_OVERHEAD_GIB if device.type == 'cuda' else 0)   # a CUDA process's own, on a GPU only
+    have = host_available_bytes() / GiB
+    if need > have:
+        raise UsageError(f'--offload needs about {need:.0f} GiB of host memory for {cfg.name} with {cfg.n_layers} layers and '
+                         f'{have:.0f} GiB are available: use fewer layers (`apex3 plan --config {cfg.name} --host-gib N` '
+                         'says how many fit) or --offload-accum gpu')
 
 # %% ../nbs/25_bench.ipynb #8cc849f4
 def _act_scope(run):

@@ -61,6 +61,7 @@ def add_train_flags(p):
     p.add_argument('--inject-nan-at', type=int, nargs='+', action='extend', default=[], metavar='STEP',
                    help='test hook: make the loss of these steps (1-based) NaN, gradients included')
     p.add_argument('--fsdp', action='store_true', help='shard parameters, gradients and optimizer state with FSDP2 (torchrun)')
+    p.add_argument('--fsdp-param-dtype', choices=['bf16', 'fp32'], help='dtype FSDP2 gathers weights in (default: bf16 on GPUs, fp32 on CPU)')
     return p
 
 def train_parser():
@@ -135,10 +136,10 @@ def init_distributed(a) -> Dist:
     dist.init_process_group('nccl' if cuda else 'gloo')
     return Dist(rank, world, local)
 
-def shard_model(model, cuda=False):
-    "FSDP2: every block is a unit, the root takes the rest; bf16 gathers with fp32 gradient reduction on GPUs."
+def shard_model(model, bf16=False):
+    "FSDP2: every block is a unit, the root takes the rest; with `bf16`, weights are gathered in bf16 and gradients reduced in fp32."
     from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False) if cuda
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False) if bf16
           else MixedPrecisionPolicy())
     for block in model.layers: fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
@@ -177,7 +178,7 @@ def build_run(a, d):
     if a.fsdp and d.world == 1: warn_once('--fsdp with one rank: nothing to shard, training unsharded')
     run.sharded = a.fsdp and d.world > 1
     if run.sharded:
-        shard_model(run.model, run.device.type == 'cuda')
+        shard_model(run.model, (a.fsdp_param_dtype or ('bf16' if run.device.type == 'cuda' else 'fp32')) == 'bf16')
         run.opt = build_optimizer(run.model, lr=a.lr)
         # skipping the reduce of early micro-batches keeps an unsharded fp32 gradient of every parameter on each rank
         full_grad = 4 * sum(p.numel() for p in run.model.parameters())

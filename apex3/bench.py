@@ -205,7 +205,8 @@ def profile_phase(fn, device, top=8) -> dict:
     wall = time.perf_counter() - t0
     kernels = [e for e in prof.key_averages() if e.device_type.name == 'CUDA' and e.self_device_time_total > 0]
     by_kind = {}
-    for e in kernels: by_kind[kernel_kind(e.key)] = by_kind.get(kernel_kind(e.key), 0.0) + e.self_device_time_total / 1e6
+    for e in kernels:
+        kind = kernel_kind(e.key); by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e6
     top_k = sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]
     return dict(wall_s=wall, busy_s=sum(by_kind.values()), by_kind=by_kind,
                 top=[(e.key[:80], e.self_device_time_total / 1e6, e.count) for e in top_k])

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch, torch.distributed as dist
 from .cli import ArgParser, UsageError, run_command
-from .bench import add_run_flags, check_run_flags, Run, run_config, micro_step, optimizer_step, micro_flops
+from .bench import add_run_flags, check_run_flags, Run, run_config, micro_step, optimizer_step, micro_flops, status_gib
 from .config import get_config
 from .records import device_peak_tflops, GiB
 
@@ -405,12 +405,8 @@ def restore_state(run, loader, d):
 
 # %% ../nbs/70_train.ipynb #85dc580b
 def host_rss_gib() -> float:
-    "Resident memory of this process (GiB)."
-    try:
-        with open('/proc/self/status') as f:
-            for line in f:
-                if line.startswith('VmRSS:'): return int(line.split()[1]) * 1024 / GiB
-    except OSError: pass
+    "Resident memory of this process (GiB); its peak where /proc is missing."
+    if rss := status_gib('VmRSS'): return rss
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GiB
 

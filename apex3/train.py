@@ -6,11 +6,11 @@
 __all__ = ['log', 'TRAJECTORY_FLAGS', 'add_train_flags', 'train_parser', 'warn_once', 'run_args', 'data_meta', 'check_data',
            'byte_shards', 'Dist', 'init_distributed', 'shard_model', 'global_mean', 'sync_expert_loads', 'check_args',
            'build_run', 'device_memory_bytes', 'TrainState', 'discard_step', 'doc_overflow_count', 'warn_doc_overflow',
-           'train_step', 'ValSet', 'val_losses', 'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'load_probe',
-           'arith_probe_file', 'probe_answers', 'probe_accuracy', 'model_optim_state', 'load_model_optim', 'save_state',
-           'changed_flags', 'restore_state', 'host_rss_gib', 'memory_stats', 'StepLog', 'read_log', 'make_schedule',
-           'train', 'loop', 'default_log', 'plot_log', 'demo_specs', 'measure_tokens_per_s', 'checkpoint_model',
-           'sample', 'demo_train', 'train_main', 'train_vs_bench', 'plot_train_records', 'main']
+           'warn_repeats', 'train_step', 'ValSet', 'val_losses', 'ByteTokenizer', 'HFTokenizer', 'find_tokenizer',
+           'load_probe', 'arith_probe_file', 'probe_answers', 'probe_accuracy', 'model_optim_state', 'load_model_optim',
+           'save_state', 'changed_flags', 'restore_state', 'host_rss_gib', 'memory_stats', 'StepLog', 'read_log',
+           'make_schedule', 'train', 'loop', 'default_log', 'plot_log', 'demo_specs', 'measure_tokens_per_s',
+           'checkpoint_model', 'sample', 'demo_train', 'train_main', 'train_vs_bench', 'plot_train_records', 'main']
 
 # %% ../nbs/70_train.ipynb #29420527
 import argparse, json, logging, math, os, sys, time
@@ -221,6 +221,11 @@ def warn_doc_overflow(run, n):
         warn_once(f'{n} documents found no cu_seqlens slot (max_docs={run.cfg.max_docs}): attention crosses their '
                   'boundaries; raise it with --set max_docs=N')
 
+def warn_repeats(epochs):
+    "Say when training starts another pass over a source: from then on the training loss measures memory too."
+    for n, e in epochs.items():
+        if e > 1: warn_once(f'data source {n!r} is read again (epoch {int(e) + 1}): a small corpus for this many tokens')
+
 def _sync_on_last(run, batches):
     "The micro-batches; under FSDP (when `defer_sync`), gradients are reduce-scattered after the last one only."
     for i, x in enumerate(batches):
@@ -240,8 +245,11 @@ def train_step(run, loader, st, sched, d) -> dict:
     z = global_mean(torch.stack(run.z_parts).mean(), d).item()   # the z·lse² part inside `loss`
     over = int(doc_overflow_count(batches, run.cfg).item())  # after the loss's sync: no extra stall
     warn_doc_overflow(run, over)
+    epochs = loader.epochs()
+    warn_repeats(epochs)
     rec = dict(step=st.step + 1, tokens=st.tokens + a.accum * a.micro_bs * run.cfg.seq_len * d.world,
-               loss=loss, z_loss=z, lr=run.opt.param_groups[0]['lr'], skipped=not math.isfinite(loss), doc_overflow=over)
+               loss=loss, z_loss=z, lr=run.opt.param_groups[0]['lr'], skipped=not math.isfinite(loss), doc_overflow=over,
+               epochs={n: round(e, 4) for n, e in epochs.items()})
     if rec['skipped']:
         discard_step(run); st.bad_streak += 1; st.skipped += 1
     else:
@@ -659,6 +667,8 @@ def plot_train_records(recs):
         a2.plot([r['step'] for r in st], [r.get('mfu') or 0 for r in st], lw=1, label=f'{name} step')
         for b in (r for r in recs if r['kind'] == 'train_bench' and r['run'] == name):
             a2.axhline(b['mfu_at_batch'], ls='--', color='k', lw=1, label=f'{name} benchmark')
+    for k in (r for r in recs if r['kind'] == 'train_resume'):
+        a1.axvline(k['killed_after_step'], color='grey', ls=':', lw=1, label=f"{k['run']} killed, resumed at step {k['resumed_at_step']}")
     a1.set(xlabel='step', ylabel='loss', title='loss (a resumed run continues the same curve)'); a1.legend(fontsize=7)
     a2.set(xlabel='step', ylabel='MFU', title='MFU per step vs the benchmark'); a2.legend(fontsize=7); fig.tight_layout()
     return fig

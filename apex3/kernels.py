@@ -173,6 +173,9 @@ def fused_linear_cross_entropy(hidden, weight, targets, z_loss=1e-4, chunk=4096,
     "Mean cross-entropy + `z_loss`·logsumexp² of `hidden @ weight.T` over non-ignored `targets`, in token chunks; the z-loss part is appended to the list `z_parts` if given."
     if impl not in CE_IMPLS: raise UsageError(f'--ce-impl must be one of {", ".join(CE_IMPLS)}, not {impl!r}')
     if chunk < 1: raise UsageError(f'--ce-chunk must be a positive number of tokens, not {chunk}')
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev):  # a custom Function escapes autocast: cast as it would for the LM head's linear
+        hidden, weight = (x.to(torch.get_autocast_dtype(dev)) for x in (hidden, weight))
     if hidden.dtype != weight.dtype: raise ValueError(f'hidden is {hidden.dtype} but weight is {weight.dtype}')
     if impl == 'triton' and not triton_ce_usable(hidden.device):
         warn_once('Triton CE unavailable: using the PyTorch loss')

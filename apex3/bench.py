@@ -6,7 +6,8 @@
 __all__ = ['log', 'KERNEL_KINDS', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_config', 'micro_flops',
            'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'check_host_memory', 'micro_step',
            'optimizer_step', 'random_tokens', 'measure_link', 'kernel_kind', 'profile_phase', 'status_gib',
-           'phase_memory', 'bench', 'bench_main', 'main', 'plot_memory_phases', 'plot_predicted_vs_measured']
+           'host_memory', 'phase_memory', 'bench', 'bench_main', 'main', 'plot_memory_phases',
+           'plot_predicted_vs_measured']
 
 # %% ../nbs/25_bench.ipynb #55058469
 import contextlib, dataclasses, functools, logging, math, statistics, sys, time
@@ -111,6 +112,7 @@ class Run:
         from apex3.offload import OffloadOptimizer, ActivationOffload, PinnedPool, gemm_offload_hooks, host_available_bytes
         self.a, self.cfg, self.device = a, run_config(a), torch.device(a.device)
         if a.offload: check_host_memory(a, self.cfg, self.device)
+        self.host_setup = [dict(phase='start', **host_memory())]   # what each part of the set-up adds on the host
         torch.manual_seed(a.seed)
         dtype = torch.bfloat16 if a.offload else torch.float32
         with self.device: self.model = Transformer(self.cfg).to(dtype)
@@ -118,9 +120,11 @@ class Run:
         self.precision = apply_fp8(self.model, a.precision, a.fp8_recipe, device=self.device)
         apply_recompute(self.model, a.recompute)
         if a.compile_blocks: compile_blocks(self.model)
+        self.host_setup.append(dict(phase='model', **host_memory()))
         self.autocast = not a.offload and self.device.type == 'cuda'
         self.opt = (OffloadOptimizer(self.model, accum=a.offload_accum, lr=a.lr) if a.offload
                     else build_optimizer(self.model, lr=a.lr))
+        self.host_setup.append(dict(phase='optimizer', **host_memory()))
         self.z_parts = []   # the z-loss part of every loss call since the last optimizer step (for the step log)
         self.loss_fn = functools.partial(fused_linear_cross_entropy, impl=a.ce_impl, chunk=a.ce_chunk, z_parts=self.z_parts)
         self.act = None
@@ -216,6 +220,14 @@ def status_gib(field='VmRSS') -> float:
     try: return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(field + ':')) * 1024 / GiB
     except (OSError, StopIteration): return 0.0
 
+def host_memory() -> dict:
+    "This process's host memory in GiB: resident (anonymous, file-backed, shared), and what PyTorch's pinned allocator holds."
+    out = {k: status_gib(f) for k, f in (('rss', 'VmRSS'), ('anon', 'RssAnon'), ('file', 'RssFile'), ('shmem', 'RssShmem'))}
+    if torch.cuda.is_available() and hasattr(torch.cuda, 'host_memory_stats'):
+        pinned = torch.cuda.host_memory_stats().get('allocated_bytes.current')   # rounded block sizes, cached ones too
+        if pinned is not None: out['torch_pinned'] = pinned / GiB
+    return out
+
 def phase_memory(dev) -> dict:
     "GPU peak since the last call (its counter is reset) and host resident memory now, in GiB."
     gpu = None
@@ -264,7 +276,10 @@ def bench(a) -> dict:
                 peak_gpu_gib=max(m['gpu_peak_gib'] for m in mem) if dev.type == 'cuda' else None, memory_phases=mem,
                 host_pinned_gib=act.get('host_pinned_gib', 0.0) + opt_pool.get('host_pinned_gib', 0.0),
                 router_max_mean=loads.max().item(), loss_first=losses[0], loss_last=losses[-1],
-                params=param_counts(cfg)['total'], host_peak_rss_gib=status_gib('VmHWM'), profile=prof, **phases, **link)
+                params=param_counts(cfg)['total'], host_peak_rss_gib=status_gib('VmHWM'), profile=prof, **phases, **link,
+                host_breakdown=dict(setup=run.host_setup, end=host_memory(), optimizer_pool=opt_pool,
+                                    activation_pool={k: v for k, v in act.items() if k.startswith(('host_', 'overflow'))},
+                                    **getattr(run.opt, 'staging', {})))
 
 # %% ../nbs/25_bench.ipynb #e51edbbd
 def bench_main(argv=None):

@@ -4,11 +4,11 @@
 
 # %% auto #0
 __all__ = ['GPUS', 'RECOMPUTE', 'GiB', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACTION', 'BYTES', 'GPU_CAP', 'REAL_RUNS', 'LINKS',
-           'GEMM_SAVED', 'HOST_OVERHEAD_GIB', 'HOST_ACCUM_GBS', 'parse_number', 'fmt_count', 'GPU', 'find_gpu',
-           'gpu_table', 'model_shape', 'train_flops', 'recompute_flops', 'activation_bytes', 'Layout', 'search_target',
-           'search_gpus', 'choose', 'Serving', 'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs',
-           'plan', 'validation_table', 'link_speed', 'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main',
-           'gpus_main']
+           'GEMM_SAVED', 'HOST_OVERHEAD_GIB', 'HOST_SLAB_WASTE', 'HOST_UNATTRIBUTED_GIB', 'HOST_BESIDE_POOLS_GIB',
+           'HOST_ACCUM_GBS', 'parse_number', 'fmt_count', 'GPU', 'find_gpu', 'gpu_table', 'model_shape', 'train_flops',
+           'recompute_flops', 'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose', 'Serving',
+           'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs', 'plan', 'validation_table', 'link_speed',
+           'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main', 'gpus_main']
 
 # %% ../nbs/00_plan.ipynb #3119e2a9
 import dataclasses, difflib, functools, json, math, re
@@ -431,9 +431,12 @@ class OffloadPlan:
 # %% ../nbs/00_plan.ipynb #c14f2451
 GEMM_SAVED = dict(tensors=9, bytes_per_token_d=26)   # per layer, measured (C, FP8 tensorwise, records/bench.jsonl)
 HOST_OVERHEAD_GIB = 6                                # the process beside its pinned pools (estimate)
+HOST_SLAB_WASTE = 1.06                               # pinned slabs over what is cut from them (20_offload, C's sizes)
+HOST_UNATTRIBUTED_GIB = 28                           # resident beyond pools and process in the C4 record: unexplained
+HOST_BESIDE_POOLS_GIB = HOST_OVERHEAD_GIB + HOST_UNATTRIBUTED_GIB
 HOST_ACCUM_GBS = 68.7                                # the host accumulation kernel on the H200's host (records)
 
-def _offload_budgets(c, counts, gpu, micro_bs, act_budget, accum_on, act_offload=72, ce_chunk=4096, overhead_gib=HOST_OVERHEAD_GIB):
+def _offload_budgets(c, counts, gpu, micro_bs, act_budget, accum_on, act_offload=72, ce_chunk=4096, overhead_gib=HOST_BESIDE_POOLS_GIB):
     "GPU bytes, host bytes and activation bytes offloaded per micro-batch, for config `c` and the GEMM-input hooks."
     from apex3.config import param_components
     N, L, d, s = counts['total'], c.n_layers, c.d_model, c.seq_len
@@ -447,11 +450,12 @@ def _offload_budgets(c, counts, gpu, micro_bs, act_budget, accum_on, act_offload
     grads_gpu = 4 * N if accum_on == 'gpu' else 2 * 2 * layer_params   # fp32 accumulators, or two layers in flight
     ce = 2 * ce_chunk * c.vocab_size * 4                            # fp32 logits of one chunk and their gradient
     gpu_bytes = (2 * N + grads_gpu + max(0, acts - offloaded) + ce) * 1.05 + 2 * GiB   # + allocator slack and a workspace
-    host_bytes = (4 * N + 4 * (N - adam) + 8 * adam + (4 * N if accum_on == 'cpu' else 0) + offloaded
-                  + 2 * N / 8 + overhead_gib * GiB)                  # + staging for an eighth of the gradients in flight
+    staging = max(2 * N / 8, 2 * c.vocab_size * d)                  # an eighth of the gradients in flight, or the largest
+    pinned = 4 * N + 4 * (N - adam) + 8 * adam + (4 * N if accum_on == 'cpu' else 0) + offloaded + staging
+    host_bytes = pinned * HOST_SLAB_WASTE + overhead_gib * GiB
     return gpu_bytes, host_bytes, offloaded
 
-def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offload, overhead_gib=HOST_OVERHEAD_GIB) -> float:
+def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offload, overhead_gib=HOST_BESIDE_POOLS_GIB) -> float:
     "Host GiB a one-GPU offload run of `cfg` needs by this model (the benchmark and trainer check it before pinning)."
     from types import SimpleNamespace
     from apex3.config import param_counts

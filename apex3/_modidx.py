@@ -466,6 +466,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload._n_state': ('offload.html#_n_state', 'apex3/offload.py'),
                                'apex3.offload._pack': ('offload.html#_pack', 'apex3/offload.py'),
                                'apex3.offload._pow2': ('offload.html#_pow2', 'apex3/offload.py'),
+                               'apex3.offload._pow2_floor': ('offload.html#_pow2_floor', 'apex3/offload.py'),
                                'apex3.offload._stage': ('offload.html#_stage', 'apex3/offload.py'),
                                'apex3.offload._state_dict': ('offload.html#_state_dict', 'apex3/offload.py'),
                                'apex3.offload._step': ('offload.html#_step', 'apex3/offload.py'),

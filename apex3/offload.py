@@ -29,6 +29,7 @@ def host_available_bytes() -> int:
 SLAB_BYTES, ALIGN, HOST_SPARE = 4 * 2**30, 512, 2 * 2**30
 
 def _pow2(n): return 1 << max(0, n - 1).bit_length()
+def _pow2_floor(n): return 1 << (n.bit_length() - 1)
 
 class PinnedPool:
     "Bounded page-locked host memory carved from slabs, with size-keyed reuse; what does not fit is counted as overflow."
@@ -37,7 +38,7 @@ class PinnedPool:
         if budget_bytes > available:
             raise UsageError(f'pinned pool of {budget_bytes/GiB:.1f} GiB exceeds the {available/GiB:.1f} GiB of host memory available')
         self.budget, self.pin = int(budget_bytes), torch.cuda.is_available() if pin is None else pin
-        self.slab_bytes = min(SLAB_BYTES, _pow2(self.budget))   # a small pool pins no more than it may use
+        self.slab_bytes = SLAB_BYTES
         self.free_lists, self.lock, self.slabs = defaultdict(list), threading.Lock(), []   # slabs: [tensor, bytes used]
         self.reserved = self.pinned = self.in_use = self.peak = self.overflow = 0
         self.allocations = self.overflows = 0
@@ -49,7 +50,9 @@ class PinnedPool:
         a = -(-n // ALIGN) * ALIGN
         for slab in self.slabs:
             if slab[1] + a <= slab[0].numel(): slab[1] += a; return slab[0][slab[1] - a:slab[1] - a + n]
-        size = max(self.slab_bytes, _pow2(a))
+        # the budget left to pin, in power-of-two pieces: a 5 GiB pool pins 4 + 1 GiB, not two 4 GiB slabs
+        room = self.budget - self.pinned
+        size = max(_pow2(a), min(self.slab_bytes, _pow2_floor(room))) if room >= a else _pow2(a)
         if host_available_bytes() < size + HOST_SPARE: return None
         self.slabs.append([torch.empty(size, dtype=torch.uint8, pin_memory=self.pin), a]); self.pinned += size
         return self.slabs[-1][0][:n]

@@ -3,7 +3,7 @@
 # each variant's log to $OUT/logs/NAME.log.   usage: bash tools/gpu_bench.sh NAME "EXTRA FLAGS" [NAME "EXTRA FLAGS" ...]
 # NAME=base-* variants drop the offload flags (the no-offload baseline of the overhead ratio).
 set -uo pipefail
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then   # NO_WHEELS=1: a dry run here
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -15,7 +15,9 @@ while [ $# -ge 2 ]; do
   name=$1 extra=$2; shift 2
   flags="$MODEL $RUNTIME $OFFLOAD"; [[ $name == base-* ]] && flags="$MODEL $RUNTIME"
   echo "== $name: $extra"; start=$(date +%s)
+  # the host's used/available GiB every 5 s: what is left of a run the kernel kills for memory
+  (while sleep 5; do echo "$(( $(date +%s) - start )) s $(free -g | awk '/Mem/{print "used", $3, "available", $7}')"; done) > "$OUT/logs/$name.mem" & mon=$!
   timeout ${VARIANT_TIMEOUT:-240} python3 -m apex3.bench $flags $extra --json "$OUT/records/bench.jsonl" > "$OUT/logs/$name.log" 2>&1
-  echo "   rc $? in $(( $(date +%s) - start )) s"
+  echo "   rc $? in $(( $(date +%s) - start )) s; host peak: $(sort -k4 -n "$OUT/logs/$name.mem" | tail -1)"; kill $mon
   grep -E "micro_s_median=|^step |Error|error:|Traceback" "$OUT/logs/$name.log" | tail -12
 done

@@ -450,6 +450,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload.PinnedPool._carve': ('offload.html#pinnedpool._carve', 'apex3/offload.py'),
                                'apex3.offload.PinnedPool.alloc': ('offload.html#pinnedpool.alloc', 'apex3/offload.py'),
                                'apex3.offload.PinnedPool.release': ('offload.html#pinnedpool.release', 'apex3/offload.py'),
+                               'apex3.offload.PinnedPool.reserve': ('offload.html#pinnedpool.reserve', 'apex3/offload.py'),
                                'apex3.offload.PinnedPool.stats': ('offload.html#pinnedpool.stats', 'apex3/offload.py'),
                                'apex3.offload._Offloaded': ('offload.html#_offloaded', 'apex3/offload.py'),
                                'apex3.offload._Offloaded.__init__': ('offload.html#_offloaded.__init__', 'apex3/offload.py'),

@@ -57,6 +57,16 @@ class PinnedPool:
         self.slabs.append([torch.empty(size, dtype=torch.uint8, pin_memory=self.pin), a]); self.pinned += size
         return self.slabs[-1][0][:n]
 
+    def reserve(self):
+        "Pin the rest of the budget now (so that later requests need no new slab); a clear error if the host cannot hold it."
+        with self.lock:
+            while (room := self.budget - self.pinned) >= ALIGN:
+                size = min(self.slab_bytes, _pow2_floor(room))
+                if host_available_bytes() < size + HOST_SPARE:
+                    raise UsageError(f'cannot pin {room/GiB:.1f} GiB more: {host_available_bytes()/GiB:.1f} GiB of host memory left; '
+                                     'train fewer layers (`apex3 plan --config NAME --host-gib N` says how many fit)')
+                self.slabs.append([torch.empty(size, dtype=torch.uint8, pin_memory=self.pin), 0]); self.pinned += size
+
     def alloc(self, shape, dtype, count_overflow=True):
         "A host tensor of `shape` and `dtype`, or None (counted as overflow unless told not to) when the budget is spent."
         n = torch.Size(shape).numel() * dtype.itemsize
@@ -265,6 +275,7 @@ class OffloadOptimizer:
         self.slots = [_Slot(p, g, self._host) for g in self.reference.param_groups for p in g['params']]
         if accum == 'cpu':  # now, not on first use: staging buffers taken meanwhile would eat the accumulators' budget
             for s in self.slots: s.acc = self._host(s.p.shape, torch.float32)
+        self.pool.reserve()   # the staging allowance too: activations offloaded meanwhile must not take its host memory
         self.cuda = any(s.p.is_cuda for s in self.slots)
         self.h2d, self.d2h = (torch.cuda.Stream(), torch.cuda.Stream()) if self.cuda else (None, None)
         self.worker, self.pending = ThreadPoolExecutor(1), []

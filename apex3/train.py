@@ -222,9 +222,9 @@ def warn_doc_overflow(run, n):
                   'boundaries; raise it with --set max_docs=N')
 
 def warn_repeats(epochs):
-    "Say when training starts another pass over a source: from then on the training loss measures memory too."
+    "Say once per source when training starts reading it again: from then on the training loss measures memory too."
     for n, e in epochs.items():
-        if e > 1: warn_once(f'data source {n!r} is read again (epoch {int(e) + 1}): a small corpus for this many tokens')
+        if e > 1: warn_once(f'data source {n!r} is read a second time: a small corpus for this many tokens (`epochs` in the step log counts the passes)')
 
 def _sync_on_last(run, batches):
     "The micro-batches; under FSDP (when `defer_sync`), gradients are reduce-scattered after the last one only."

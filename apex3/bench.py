@@ -6,8 +6,8 @@
 __all__ = ['log', 'KERNEL_KINDS', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_config', 'micro_flops',
            'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'check_host_memory', 'micro_step',
            'optimizer_step', 'random_tokens', 'measure_link', 'kernel_kind', 'profile_phase', 'status_gib',
-           'host_memory', 'phase_memory', 'bench', 'bench_main', 'main', 'plot_memory_phases',
-           'plot_predicted_vs_measured']
+           'host_memory', 'phase_memory', 'bench', 'bench_main', 'main', 'plot_memory_phases', 'host_parts',
+           'plot_host_breakdown', 'plot_predicted_vs_measured']
 
 # %% ../nbs/25_bench.ipynb #55058469
 import contextlib, dataclasses, functools, logging, math, statistics, sys, time
@@ -130,7 +130,7 @@ class Run:
         self.act = None
         if a.act_offload or a.act_budget is not None:
             keep = None if a.act_budget is None else a.act_budget * _device_memory(self.device)
-            pool = PinnedPool(int(host_available_bytes() * 0.8), pin=self.device.type == 'cuda')
+            pool = PinnedPool(int(host_available_bytes() * 0.8), pin=self.device.type == 'cuda', slab_bytes=2**28)   # grows as it goes
             self.act = ActivationOffload(pool, max_tensors=a.act_offload or None, keep_bytes=keep,
                                          params=list(self.model.parameters()))
             if a.gemm_offload == 'hooks': mark_gemms(self.model); gemm_offload_hooks(self.model, self.act)
@@ -316,6 +316,29 @@ def plot_memory_phases(rec):
     ax.set_xticks(list(x), [m['phase'] for m in ph], rotation=30, ha='right', fontsize=8)
     ax.set(ylabel='GiB', title=f"{rec['config']} L{rec['cfg']['n_layers']}: memory per phase"); ax.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+# %% ../nbs/25_bench.ipynb #7a0ebe90
+def host_parts(rec) -> dict:
+    "A record's resident host GiB at the end, split: optimizer pool, activation pool, other pinned, the rest."
+    hb = rec['host_breakdown']; end = hb['end']
+    pools = {k: hb[f'{k}_pool'].get('host_pinned_gib', 0.0) for k in ('optimizer', 'activation')}
+    pinned = end.get('torch_pinned', sum(pools.values()))   # without CUDA the pools are plain memory
+    return {**{f'{k} pool': v for k, v in pools.items()}, 'other pinned': max(0.0, pinned - sum(pools.values())),
+            'rest of the process': max(0.0, end['rss'] - pinned)}
+
+def plot_host_breakdown(rec):
+    "Resident host GiB after each set-up phase, and the end state split by `host_parts`."
+    import matplotlib.pyplot as plt
+    hb = rec['host_breakdown']
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3), gridspec_kw=dict(width_ratios=[1, 2]))
+    a.bar([p['phase'] for p in hb['setup']] + ['end'], [p['rss'] for p in [*hb['setup'], hb['end']]], color='#dd8452')
+    a.set(ylabel='GiB resident', title='after each set-up phase')
+    left = 0
+    for (name, v), c in zip(host_parts(rec).items(), ('#4c72b0', '#55a868', '#c44e52', '#8172b2')):
+        b.barh([0], [v], left=left, color=c, label=f'{name} {v:.1f}'); left += v
+    b.set(yticks=[], xlabel='GiB', title=f"{rec['config']} L{rec['cfg']['n_layers']}: resident at the end")
+    b.legend(fontsize=8, ncol=2, loc='upper center', bbox_to_anchor=(0.5, -0.35)); fig.tight_layout()
     return fig
 
 # %% ../nbs/25_bench.ipynb #57a33b3d

@@ -33,12 +33,12 @@ def _pow2_floor(n): return 1 << (n.bit_length() - 1)
 
 class PinnedPool:
     "Bounded page-locked host memory carved from slabs, with size-keyed reuse; what does not fit is counted as overflow."
-    def __init__(self, budget_bytes, pin=None, available=None):
+    def __init__(self, budget_bytes, pin=None, available=None, slab_bytes=SLAB_BYTES):
         available = host_available_bytes() if available is None else available
         if budget_bytes > available:
             raise UsageError(f'pinned pool of {budget_bytes/GiB:.1f} GiB exceeds the {available/GiB:.1f} GiB of host memory available')
         self.budget, self.pin = int(budget_bytes), torch.cuda.is_available() if pin is None else pin
-        self.slab_bytes = SLAB_BYTES
+        self.slab_bytes = slab_bytes
         self.free_lists, self.lock, self.slabs = defaultdict(list), threading.Lock(), []   # slabs: [tensor, bytes used]
         self.reserved = self.pinned = self.in_use = self.peak = self.overflow = 0
         self.allocations = self.overflows = 0

@@ -443,6 +443,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload.OffloadOptimizer._host': ('offload.html#offloadoptimizer._host', 'apex3/offload.py'),
                                'apex3.offload.OffloadOptimizer.host_bytes_needed': ( 'offload.html#offloadoptimizer.host_bytes_needed',
                                                                                      'apex3/offload.py'),
+                               'apex3.offload.OffloadOptimizer.largest_grad': ( 'offload.html#offloadoptimizer.largest_grad',
+                                                                                'apex3/offload.py'),
                                'apex3.offload.OffloadOptimizer.param_groups': ( 'offload.html#offloadoptimizer.param_groups',
                                                                                 'apex3/offload.py'),
                                'apex3.offload.OffloadOptimizer.set_lr_factor': ( 'offload.html#offloadoptimizer.set_lr_factor',

@@ -175,7 +175,7 @@ def random_tokens(cfg, micro_bs, gen, device):
     return (x + (x >= cfg.eos_id)).to(device, non_blocking=True)   # skips the EOS id wherever it sits (our corpus uses 0)
 
 # %% ../nbs/25_bench.ipynb #16952904
-def measure_link(nbytes=2**30, repeats=3):
+def measure_link(nbytes=2**28, repeats=3):   # small: PyTorch keeps these pinned buffers cached for the whole run
     "Pinned host→device, device→host, and both at once (`duplex_gbs`, the two directions together) GB/s, best of `repeats`."
     if not torch.cuda.is_available(): return dict(h2d_gbs=None, d2h_gbs=None, duplex_gbs=None)
     host, back = (torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2))

@@ -32,12 +32,13 @@ def _pow2(n): return 1 << max(0, n - 1).bit_length()
 def _pow2_floor(n): return 1 << (n.bit_length() - 1)
 
 class PinnedPool:
-    "Bounded page-locked host memory carved from slabs, with size-keyed reuse; what does not fit is counted as overflow."
+    "Page-locked host memory carved from slabs, with size-keyed reuse; what passes the budget is counted as overflow."
     def __init__(self, budget_bytes, pin=None, available=None, slab_bytes=SLAB_BYTES):
         available = host_available_bytes() if available is None else available
         if budget_bytes > available:
             raise UsageError(f'pinned pool of {budget_bytes/GiB:.1f} GiB exceeds the {available/GiB:.1f} GiB of host memory available')
         self.budget, self.pin = int(budget_bytes), torch.cuda.is_available() if pin is None else pin
+        if slab_bytes < ALIGN or slab_bytes & (slab_bytes - 1): raise ValueError(f'slab_bytes must be a power of two >= {ALIGN}')
         self.slab_bytes = slab_bytes
         self.free_lists, self.lock, self.slabs = defaultdict(list), threading.Lock(), []   # slabs: [tensor, bytes used]
         self.reserved = self.pinned = self.in_use = self.peak = self.overflow = 0
@@ -57,11 +58,11 @@ class PinnedPool:
         self.slabs.append([torch.empty(size, dtype=torch.uint8, pin_memory=self.pin), a]); self.pinned += size
         return self.slabs[-1][0][:n]
 
-    def reserve(self):
-        "Pin the rest of the budget now (so that later requests need no new slab); a clear error if the host cannot hold it."
+    def reserve(self, largest=0):
+        "Pin the rest of the budget now, the first piece holding at least `largest` bytes; a clear error if the host cannot."
         with self.lock:
             while (room := self.budget - self.pinned) >= ALIGN:
-                size = min(self.slab_bytes, _pow2_floor(room))
+                size = max(min(self.slab_bytes, _pow2_floor(room)), _pow2(largest)); largest = 0
                 if host_available_bytes() < size + HOST_SPARE:
                     raise UsageError(f'cannot pin {room/GiB:.1f} GiB more: {host_available_bytes()/GiB:.1f} GiB of host memory left; '
                                      'train fewer layers (`apex3 plan --config NAME --host-gib N` says how many fit)')
@@ -275,10 +276,12 @@ class OffloadOptimizer:
         self.slots = [_Slot(p, g, self._host) for g in self.reference.param_groups for p in g['params']]
         if accum == 'cpu':  # now, not on first use: staging buffers taken meanwhile would eat the accumulators' budget
             for s in self.slots: s.acc = self._host(s.p.shape, torch.float32)
-        self.pool.reserve()   # the staging allowance too: activations offloaded meanwhile must not take its host memory
+        # the staging allowance too, with room for the largest gradient in one piece: activations offloaded meanwhile must
+        # not take its host memory
+        self.pool.reserve(self.largest_grad() if accum == 'cpu' else 0)
         self.cuda = any(s.p.is_cuda for s in self.slots)
         self.h2d, self.d2h = (torch.cuda.Stream(), torch.cuda.Stream()) if self.cuda else (None, None)
-        self.worker, self.pending = ThreadPoolExecutor(1), []
+        self.worker, self.pending, self.staged = ThreadPoolExecutor(1), [], defaultdict(list)   # staged: bytes -> futures
         self.timings = dict(wait_s=0.0, stream_s=0.0)   # of the last step: the host accumulation tail, then the streamed update
         self.staging = dict(staging_waits=0, staging_unpooled_gib=0.0)   # since construction: see `_stage`
         self.hooks = [s.p.register_post_accumulate_grad_hook(self._grad_hook(s)) for s in self.slots]
@@ -296,8 +299,11 @@ class OffloadOptimizer:
         state = sum(n * 4 * (1 + k + (self.accum == 'cpu')) for n, k, _ in per)
         # backward hands over gradients faster than the host adds them (C4: all of them in ~0.3 s, added in ~0.5 s): half of
         # them may wait on the host without stalling backward; more in flight waits (see `_stage`)
-        staging = max(sum(n * b for n, _, b in per) // 2, max(n * b for n, _, b in per))
+        staging = max(sum(n * b for n, _, b in per) // 2, self.largest_grad()) if self.accum == 'cpu' else 0
         return int(state + staging + 2**26)
+
+    def largest_grad(self):
+        return max(p.numel() * p.element_size() for g in self.reference.param_groups for p in g['params'])
 
     @property
     def param_groups(self): return self.reference.param_groups
@@ -317,20 +323,23 @@ def _grad_hook(self, s):
         def land():
             done.synchronize(); self._add(s, stage, 'cpu')
             if pooled: self.pool.release(stage)
-        self.pending.append((s, self.worker.submit(land)))
+        self.pending.append((s, fut := self.worker.submit(land)))
+        if pooled: self.staged[g.nbytes].append(fut)   # frees a pooled buffer of this size when it lands
     return hook
 
 def _stage(self, g):
     "A pinned buffer for `g` on its way to the host, and whether the pool gave it."
-    # When the staging allowance is spent, wait for the oldest gradients to land (each frees its buffer) rather than pin
-    # more: unpooled buffers stay cached by PyTorch's pinned allocator, rounded up to a power of two, for the whole run.
-    while (stage := self.pool.alloc(g.shape, g.dtype, count_overflow=False)) is None:
-        oldest = next((f for _, f in self.pending if not f.done()), None)
-        if oldest is None: break
-        oldest.result(); self.staging['staging_waits'] += 1
+    # Past the staging allowance, wait for the oldest gradient that holds a pooled buffer of this size to land and free
+    # it, rather than pin more: unpooled buffers stay cached by PyTorch's pinned allocator, rounded up, for the whole run.
+    queue = self.staged[g.nbytes]
+    while (stage := self.pool.alloc(g.shape, g.dtype, count_overflow=False)) is None and queue:
+        f = queue.pop(0)
+        if not f.done(): self.staging['staging_waits'] += 1
+        f.result()
     if stage is not None: return stage, True
-    if not self.staging['staging_unpooled_gib']:   # nothing left to wait for: the pool is too small for `g`
-        log.warning('the pinned pool has no room to stage a gradient: using unpooled pinned memory (staging_unpooled_gib)')
+    if not self.staging['staging_unpooled_gib']:   # no buffer of this size is on its way back: the allowance is too small
+        log.warning('no pooled staging buffer of this size is free or on its way back: using unpooled pinned memory '
+                    '(staging_unpooled_gib)')
     self.staging['staging_unpooled_gib'] += g.nbytes / GiB
     return torch.empty(g.shape, dtype=g.dtype, pin_memory=True), False
 
@@ -344,7 +353,7 @@ def _add(self, s, g, device):
 def _wait(self):
     "Block until every gradient has landed in its accumulator."
     for _, f in self.pending: f.result()
-    self.pending = []
+    self.pending = []; self.staged.clear()
 
 OffloadOptimizer._grad_hook, OffloadOptimizer._stage, OffloadOptimizer._add, OffloadOptimizer.wait = _grad_hook, _stage, _add, _wait
 

@@ -450,7 +450,7 @@ def _offload_budgets(c, counts, gpu, micro_bs, act_budget, accum_on, act_offload
     grads_gpu = 4 * N if accum_on == 'gpu' else 2 * 2 * layer_params   # fp32 accumulators, or two layers in flight
     ce = 2 * ce_chunk * c.vocab_size * 4                            # fp32 logits of one chunk and their gradient
     gpu_bytes = (2 * N + grads_gpu + max(0, acts - offloaded) + ce) * 1.05 + 2 * GiB   # + allocator slack and a workspace
-    staging = max(2 * N / 2, 2 * c.vocab_size * d)                  # half the gradients in flight, or the largest
+    staging = max(2 * N / 2, 2 * c.vocab_size * d) if accum_on == 'cpu' else 0   # half the gradients in flight, or the largest
     pinned = 4 * N + 4 * (N - adam) + 8 * adam + (4 * N if accum_on == 'cpu' else 0) + offloaded + staging
     host_bytes = pinned * HOST_SLAB_WASTE + overhead_gib * GiB
     return gpu_bytes, host_bytes, offloaded

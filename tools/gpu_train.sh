@@ -51,7 +51,10 @@ steps = read_log(log) if log.exists() else []
 if not steps: sys.exit('no step was logged: see the logs')
 bench = Path(f'{out}/logs/bench-{mode}.jsonl')
 bench = [json.loads(l) for l in bench.read_text().splitlines()] if bench.exists() else []
-lines = [json.loads(l) for l in log.read_text().splitlines()]
+lines = []
+for l in log.read_text().splitlines():   # a line cut short by the SIGKILL is not a step
+    try: lines.append(json.loads(l))
+    except json.JSONDecodeError: pass
 # the steps logged twice (before the kill, after the resume): the evidence that the resume is exact
 cut = next((i for i in range(1, len(lines)) if lines[i]['step'] <= lines[i - 1]['step']), None)
 resume = []
@@ -62,10 +65,10 @@ if cut:
                            for r in lines[cut:] if r['step'] in first])]
 append_records([{**r, 'kind': 'train_step', 'run': name, 'gpus': int(nproc)} for r in steps] +
                [{**b, 'kind': 'train_bench', 'run': name} for b in bench] + resume, f'{out}/records/train.jsonl')
-if resume:
+if resume and resume[0]['redone']:
     k = resume[0]
     print(f"killed after step {k['killed_after_step']}, resumed at {k['resumed_at_step']}: {len(k['redone'])} steps redone, loss rel. diff <=",
-          max(abs(d['loss_after'] - d['loss_before']) / abs(d['loss_before']) for d in k['redone']))
+          max(abs(d['loss_after'] - d['loss_before']) / max(abs(d['loss_before']), 1e-12) for d in k['redone']))
 print(f'{name}: {len(steps)} steps ({len(lines) - len(steps)} redone after the restart), loss {steps[0]["loss"]:.3f} -> {steps[-1]["loss"]:.3f}')
 print({k: v for k, v in steps[-1].items() if k.startswith(('val_', 'arith_acc', 'z_loss', 'step_s', 'mfu', 'tokens_per'))})
 if bench:

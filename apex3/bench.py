@@ -162,6 +162,7 @@ def micro_step(run, tokens):
     amp = torch.autocast('cuda', torch.bfloat16) if run.autocast else contextlib.nullcontext()
     with amp, _act_scope(run):
         loss = run.model(tokens[:, :-1], tokens[:, 1:], loss_fn=run.loss_fn)
+    if run.act is not None: run.act.prefetch_tail()   # the last layer's tensors, while backward starts with the loss
     (loss / run.a.accum).backward()
     return loss.detach()
 

@@ -160,17 +160,18 @@ def dense(t):
 # %% ../nbs/20_offload.ipynb #3b2a3992
 class ActivationOffload:
     "Saved-tensor hooks that keep chosen activations in a `PinnedPool` between forward and backward."
-    def __init__(self, pool, max_tensors=None, keep_bytes=None, min_bytes=2**16, params=(), prefetch=2):
+    def __init__(self, pool, max_tensors=None, keep_bytes=None, min_bytes=2**16, params=(), prefetch_bytes=2**31):
         self.pool, self.max_tensors, self.keep_bytes, self.min_bytes = pool, max_tensors, keep_bytes, min_bytes
         self.param_ptrs = {p.data_ptr() for p in params}
-        self.prefetch = prefetch
-        self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        self.prefetch_bytes = prefetch_bytes
+        # one copy stream each way: the backward's first fetches need not queue behind the forward's last stores
+        self.stream, self.fetch_stream = (torch.cuda.Stream(), torch.cuda.Stream()) if torch.cuda.is_available() else (None, None)
         self.handles, self.seen = [], {}
         self.tensors = self.bytes = self.kept = 0
 
     def reset(self):
         "Start a step: give last step's host buffers back to the pool and zero the counters."
-        if self.stream is not None: self.stream.synchronize()
+        if self.stream is not None: self.stream.synchronize(); self.fetch_stream.synchronize()
         for h in self.handles: self.pool.release(h.flat)
         self.handles, self.seen = [], {}
         self.tensors = self.bytes = self.kept = 0
@@ -212,24 +213,35 @@ def _fetch(self, h):
     "Start copying `h` back to its device (once)."
     if h.back is not None: return
     if self.stream is not None and h.device.type == 'cuda':
-        with torch.cuda.stream(self.stream):
-            self.stream.wait_event(h.ready)
+        with torch.cuda.stream(self.fetch_stream):
+            self.fetch_stream.wait_event(h.ready)
             h.back = torch.empty_strided(h.host.shape, h.host.stride(), dtype=h.host.dtype, device=h.device)
             h.back.copy_(h.host, non_blocking=True)
             h.back_ready = torch.cuda.Event(); h.back_ready.record()
     else: h.back = torch.empty_strided(h.host.shape, h.host.stride(), dtype=h.host.dtype, device=h.device).copy_(h.host)
 
+def _prefetch(self, i):
+    "Start fetching the handles saved before handle `i` (backward wants them next), up to `prefetch_bytes`."
+    ahead = 0
+    for h in reversed(self.handles[:i]):
+        if ahead >= self.prefetch_bytes: break
+        self._fetch(h); ahead += h.flat.nbytes
+
+def _prefetch_tail(self):
+    "Start fetching the last tensors saved: the first the backward pass will want."
+    self._prefetch(len(self.handles))
+
 def _unpack(self, h):
     if not isinstance(h, _Offloaded): return h
     self._fetch(h)
-    i = self.handles.index(h) if self.prefetch else 0
-    for j in range(max(0, i - self.prefetch), i): self._fetch(self.handles[j])
+    if self.prefetch_bytes: self._prefetch(self.handles.index(h))
     t, h.back = h.back, None
     if h.back_ready is not None:
         torch.cuda.current_stream().wait_event(h.back_ready); t.record_stream(torch.cuda.current_stream())
     return t
 
-ActivationOffload._fetch, ActivationOffload.unpack = _fetch, _unpack
+ActivationOffload._fetch, ActivationOffload._prefetch, ActivationOffload.prefetch_tail = _fetch, _prefetch, _prefetch_tail
+ActivationOffload.unpack = _unpack
 
 # %% ../nbs/20_offload.ipynb #54a293d8
 def _hooks(self): return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)

@@ -278,6 +278,7 @@ def bench(a) -> dict:
                 mfu_at_batch=a.accum * flops / step_s / (peak * 1e12) if peak else None,
                 mfu_micro=flops / statistics.median(micro_times) / (peak * 1e12) if peak else None, peak_tflops=peak,
                 offloaded_tensors=act.get('offloaded_tensors', 0), offloaded_gib=act.get('offloaded_gib', 0.0),
+                fetched_gib=act.get('fetched_gib', 0.0),   # brought back in the last micro-batch: equal to offloaded_gib when none is fetched twice
                 overflow_gib=act.get('overflow_gib', 0.0) / max(1, (a.warmup + a.steps) * a.accum),
                 peak_gpu_gib=max(m['gpu_peak_gib'] for m in mem) if dev.type == 'cuda' else None, memory_phases=mem,
                 host_pinned_gib=act.get('host_pinned_gib', 0.0) + opt_pool.get('host_pinned_gib', 0.0),

@@ -143,10 +143,10 @@ def accumulate_(acc, src, impl='kernel'):
 
 # %% ../nbs/20_offload.ipynb #a36ff801
 class _Offloaded:
-    "A saved tensor waiting on the host, in a buffer with the tensor's own strides."
-    __slots__ = ('flat', 'host', 'device', 'ready', 'back', 'back_ready')
+    "A saved tensor waiting on the host, in a buffer with the tensor's own strides; `uses`: saved slots still to unpack it."
+    __slots__ = ('flat', 'host', 'device', 'ready', 'back', 'back_ready', 'uses')
     def __init__(self, flat, host, device, ready):
-        self.flat, self.host, self.device, self.ready, self.back, self.back_ready = flat, host, device, ready, None, None
+        self.flat, self.host, self.device, self.ready, self.back, self.back_ready, self.uses = flat, host, device, ready, None, None, 1
 
 def dense(t):
     "Whether `t` covers its memory exactly once (any permutation of a contiguous tensor): then it can keep its strides on the host."
@@ -167,14 +167,14 @@ class ActivationOffload:
         # one copy stream each way: the backward's first fetches need not queue behind the forward's last stores
         self.stream, self.fetch_stream = (torch.cuda.Stream(), torch.cuda.Stream()) if torch.cuda.is_available() else (None, None)
         self.handles, self.seen = [], {}
-        self.tensors = self.bytes = self.kept = 0
+        self.tensors = self.bytes = self.kept = self.fetched = 0
 
     def reset(self):
         "Start a step: give last step's host buffers back to the pool and zero the counters."
         if self.stream is not None: self.stream.synchronize(); self.fetch_stream.synchronize()
         for h in self.handles: self.pool.release(h.flat)
         self.handles, self.seen = [], {}
-        self.tensors = self.bytes = self.kept = 0
+        self.tensors = self.bytes = self.kept = self.fetched = 0
 
     def _wants(self, n):
         "Whether a tensor of `n` bytes should go to the host under the count and budget rules."
@@ -183,14 +183,17 @@ class ActivationOffload:
         return by_count or by_budget
 
     def stats(self):
-        return dict(offloaded_tensors=self.tensors, offloaded_gib=self.bytes / GiB, kept_gib=self.kept / GiB, **self.pool.stats())
+        return dict(offloaded_tensors=self.tensors, offloaded_gib=self.bytes / GiB, fetched_gib=self.fetched / GiB,
+                    kept_gib=self.kept / GiB, **self.pool.stats())
 
 # %% ../nbs/20_offload.ipynb #4225517a
 def _pack(self, t):
     n = t.numel() * t.element_size()
     if n < self.min_bytes or t.data_ptr() in self.param_ptrs or not dense(t): return t
     key = (t.data_ptr(), t.shape, t.stride(), t._version)
-    if key in self.seen and self.seen[key][0]() is t: return self.seen[key][1]  # the same tensor, still alive
+    if key in self.seen and self.seen[key][0]() is t:   # the same tensor, still alive: one copy, one more use
+        h = self.seen[key][1]; h.uses += 1
+        return h
     if not self._wants(n) or (flat := self.pool.alloc((t.numel(),), t.dtype)) is None:
         self.kept += n
         return t
@@ -212,6 +215,7 @@ ActivationOffload.pack = _pack
 def _fetch(self, h):
     "Start copying `h` back to its device (once)."
     if h.back is not None: return
+    self.fetched += h.flat.nbytes
     if self.stream is not None and h.device.type == 'cuda':
         with torch.cuda.stream(self.fetch_stream):
             self.fetch_stream.wait_event(h.ready)
@@ -235,7 +239,8 @@ def _unpack(self, h):
     if not isinstance(h, _Offloaded): return h
     self._fetch(h)
     if self.prefetch_bytes: self._prefetch(self.handles.index(h))
-    t, h.back = h.back, None
+    t, h.uses = h.back, h.uses - 1
+    if h.uses <= 0: h.back = None   # the last use: the GPU copy goes with it; before that, the next use takes the same one
     if h.back_ready is not None:
         torch.cuda.current_stream().wait_event(h.back_ready); t.record_stream(torch.cuda.current_stream())
     return t

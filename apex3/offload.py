@@ -7,7 +7,7 @@ __all__ = ['log', 'GiB', 'SLAB_BYTES', 'ALIGN', 'HOST_SPARE', 'host_available_by
            'dense', 'ActivationOffload', 'is_gemm_module', 'gemm_offload_hooks', 'OffloadOptimizer']
 
 # %% ../nbs/20_offload.ipynb #b5b880af
-import contextlib, logging, os, threading, time, weakref
+import contextlib, ctypes, logging, os, threading, time, weakref
 from collections import defaultdict
 import torch, torch.nn as nn
 from .cli import UsageError
@@ -31,6 +31,13 @@ SLAB_BYTES, ALIGN, HOST_SPARE = 4 * 2**30, 512, 2 * 2**30
 def _pow2(n): return 1 << max(0, n - 1).bit_length()
 def _pow2_floor(n): return 1 << (n.bit_length() - 1)
 
+def _alias(slab, offset, n):
+    "Bytes [offset, offset + n) of `slab` as a tensor with a storage of its own (no copy) that keeps `slab` alive."
+    # a view would share the slab's storage, and torch.save writes storages whole: a checkpoint would hold every slab
+    mem = (ctypes.c_byte * n).from_address(slab.data_ptr() + offset)
+    mem.slab = slab
+    return torch.frombuffer(mem, dtype=torch.uint8)
+
 class PinnedPool:
     "Page-locked host memory carved from slabs, with size-keyed reuse; what passes the budget is counted as overflow."
     def __init__(self, budget_bytes, pin=None, available=None, slab_bytes=SLAB_BYTES):
@@ -50,13 +57,13 @@ class PinnedPool:
         if n == 0: return torch.empty(0, dtype=torch.uint8)
         a = -(-n // ALIGN) * ALIGN
         for slab in self.slabs:
-            if slab[1] + a <= slab[0].numel(): slab[1] += a; return slab[0][slab[1] - a:slab[1] - a + n]
+            if slab[1] + a <= slab[0].numel(): slab[1] += a; return _alias(slab[0], slab[1] - a, n)
         # the budget left to pin, in power-of-two pieces: a 5 GiB pool pins 4 + 1 GiB, not two 4 GiB slabs
         room = self.budget - self.pinned
         size = max(_pow2(a), min(self.slab_bytes, _pow2_floor(room))) if room >= a else _pow2(a)
         if host_available_bytes() < size + HOST_SPARE: return None
         self.slabs.append([torch.empty(size, dtype=torch.uint8, pin_memory=self.pin), a]); self.pinned += size
-        return self.slabs[-1][0][:n]
+        return _alias(self.slabs[-1][0], 0, n)
 
     def reserve(self, largest=0):
         "Pin the rest of the budget now, the first piece holding at least `largest` bytes; a clear error if the host cannot."

@@ -6,11 +6,11 @@
 __all__ = ['log', 'KERNEL_KINDS', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_config', 'micro_flops',
            'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'check_host_memory', 'micro_step',
            'optimizer_step', 'random_tokens', 'measure_link', 'kernel_kind', 'profile_phase', 'status_gib',
-           'host_memory', 'phase_memory', 'bench', 'bench_main', 'main', 'plot_memory_phases', 'host_parts',
-           'plot_host_breakdown', 'plot_predicted_vs_measured']
+           'host_memory', 'phase_memory', 'bench', 'HostWatchdog', 'bench_main', 'main', 'plot_memory_phases',
+           'host_parts', 'plot_host_breakdown', 'plot_predicted_vs_measured']
 
 # %% ../nbs/25_bench.ipynb #55058469
-import contextlib, dataclasses, functools, logging, math, statistics, sys, time
+import contextlib, dataclasses, functools, logging, math, os, statistics, sys, threading, time
 import torch
 from torch.utils.checkpoint import checkpoint
 from .cli import ArgParser, UsageError, run_command
@@ -244,14 +244,22 @@ def bench(a) -> dict:
     "Warm up, time `a.steps` optimizer steps, return the record."
     check_run_flags(a)
     if a.steps < 1 or a.warmup < 0: raise UsageError(f'--steps must be at least 1 and --warmup at least 0, not {a.steps} and {a.warmup}')
+    # on a CPU run the host memory is the device's: running short there is an ordinary out-of-memory error
+    dog = HostWatchdog(a.json, floor_gib=2.0 if torch.device(a.device).type == 'cuda' else 0.0)
+    try: return _bench(a, dog)
+    finally: dog.close()
+
+def _bench(a, dog):
     link = measure_link()
     run = Run(a); cfg, dev = run.cfg, run.device
+    dog.state.update(config=cfg.name, n_layers=cfg.n_layers, flags=vars(a), setup=run.host_setup)
     gen = torch.Generator().manual_seed(a.seed)
     micro_times, step_times, opt_times, losses = [], [], [], []
     if dev.type == 'cuda': torch.cuda.reset_peak_memory_stats(dev)
     for step in range(a.warmup + a.steps):
         last = step == a.warmup + a.steps - 1   # its memory is read phase by phase (after each synchronising .item())
         if last: mem = [dict(phase='earlier steps', **phase_memory(dev))]   # the GPU peak of warm-up and earlier steps
+        dog.state['phase'] = f'step {step}'
         _sync(dev); t_step = time.perf_counter(); times = []
         for i in range(a.accum):
             x = random_tokens(cfg, a.micro_bs, gen, dev)
@@ -287,6 +295,29 @@ def bench(a) -> dict:
                 host_breakdown=dict(setup=run.host_setup, end=host_memory(), optimizer_pool=opt_pool,
                                     activation_pool={k: v for k, v in act.items() if k.startswith(('host_', 'overflow'))},
                                     **getattr(run.opt, 'staging', {})))
+
+# %% ../nbs/25_bench.ipynb #4675b713
+class HostWatchdog:
+    "Stop the run, with one line and a `bench_failed` record, when the host has less than `floor_gib` left."
+    def __init__(self, json_path=None, floor_gib=2.0, every_s=0.5, on_trip=None, available=None):
+        from apex3.offload import host_available_bytes
+        self.json_path, self.floor_gib, self.every_s = json_path, floor_gib, every_s
+        self.on_trip, self.available = on_trip or (lambda: os._exit(3)), available or host_available_bytes
+        self.state, self.done = dict(phase='set-up'), threading.Event()   # `state`: what the run is doing, for the record
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self):
+        while not self.done.wait(self.every_s):
+            if (left := self.available() / GiB) < self.floor_gib: return self._trip(left)
+
+    def _trip(self, left):
+        rec = dict(kind='bench_failed', reason='host memory', available_gib=left, host=host_memory(), **self.state)
+        log.error('host memory nearly exhausted during %s: %.1f GiB left, this process %.1f GiB resident; stopping before '
+                  'the OOM killer does', self.state['phase'], left, rec['host']['rss'])
+        if self.json_path: append_records([rec], self.json_path)
+        self.on_trip()
+
+    def close(self): self.done.set()
 
 # %% ../nbs/25_bench.ipynb #e51edbbd
 def bench_main(argv=None):

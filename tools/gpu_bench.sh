@@ -19,5 +19,5 @@ while [ $# -ge 2 ]; do
   (while sleep 5; do echo "$(( $(date +%s) - start )) s $(free -g | awk '/Mem/{print "used", $3, "available", $7}')"; done) > "$OUT/logs/$name.mem" & mon=$!
   timeout ${VARIANT_TIMEOUT:-240} python3 -m apex3.bench $flags $extra --json "$OUT/records/bench.jsonl" > "$OUT/logs/$name.log" 2>&1
   echo "   rc $? in $(( $(date +%s) - start )) s; host peak: $(sort -k4 -n "$OUT/logs/$name.mem" | tail -1)"; kill $mon
-  grep -E "micro_s_median=|^step |Error|error:|Traceback" "$OUT/logs/$name.log" | tail -12
+  grep -E "micro_s_median=|^step |Error|error:|Traceback|exhausted" "$OUT/logs/$name.log" | tail -12
 done

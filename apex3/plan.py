@@ -4,11 +4,12 @@
 
 # %% auto #0
 __all__ = ['GPUS', 'RECOMPUTE', 'GiB', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACTION', 'BYTES', 'GPU_CAP', 'REAL_RUNS', 'LINKS',
-           'GEMM_SAVED', 'HOST_OVERHEAD_GIB', 'HOST_SLAB_WASTE', 'HOST_UNATTRIBUTED_GIB', 'HOST_BESIDE_POOLS_GIB',
-           'HOST_ACCUM_GBS', 'parse_number', 'fmt_count', 'GPU', 'find_gpu', 'gpu_table', 'model_shape', 'train_flops',
-           'recompute_flops', 'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose', 'Serving',
-           'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs', 'plan', 'validation_table', 'link_speed',
-           'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main', 'gpus_main']
+           'GEMM_SAVED', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB', 'HOST_SLAB_WASTE', 'HOST_UNATTRIBUTED_GIB',
+           'HOST_BESIDE_POOLS_GIB', 'HOST_ACCUM_GBS', 'parse_number', 'fmt_count', 'GPU', 'find_gpu', 'gpu_table',
+           'model_shape', 'train_flops', 'recompute_flops', 'activation_bytes', 'Layout', 'search_target',
+           'search_gpus', 'choose', 'Serving', 'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs',
+           'plan', 'validation_table', 'link_speed', 'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main',
+           'gpus_main']
 
 # %% ../nbs/00_plan.ipynb #3119e2a9
 import dataclasses, difflib, functools, json, math, re
@@ -430,6 +431,7 @@ class OffloadPlan:
 
 # %% ../nbs/00_plan.ipynb #c14f2451
 GEMM_SAVED = dict(tensors=9, bytes_per_token_d=26)   # per layer, measured (C, FP8 tensorwise, records/bench.jsonl)
+PUBLISHED_ACT_OFFLOAD = 72                           # --act-offload of the published flag line
 HOST_OVERHEAD_GIB = 6                                # the process beside its pinned pools (estimate)
 HOST_SLAB_WASTE = 1.06                               # pinned slabs over what is cut from them (20_offload, C's sizes)
 HOST_UNATTRIBUTED_GIB = 28                           # resident beyond pools and process in the C4 record: unexplained
@@ -474,18 +476,22 @@ def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kern
 
 # %% ../nbs/00_plan.ipynb #4076adc5
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=0.15,
-                 kernel_eff=0.4, layers=None, offload_accum=None, act_offload=72) -> OffloadPlan:
+                 kernel_eff=0.4, layers=None, offload_accum=None, act_offload=None) -> OffloadPlan:
     "Plan one-GPU training with host offload: memory on both sides, step time, and the flags; fewer layers if the host is short."
     from apex3.config import get_config, param_counts
     from dataclasses import replace
+    if act_offload is not None and act_offload < 0: raise UsageError(f'--act-offload counts tensors: at least 0, not {act_offload}')
     g, base = find_gpu(gpu), get_config(config)
     link_gbs = link_speed(link_gbs)
     gpu_budget, host_budget = MEM_FRACTION * g.mem_gb, MEM_FRACTION * host_gib
+    # unless told, activations leave the GPU only when it needs the room: each one offloaded crosses the link twice
     for L in ([layers] if layers else range(base.n_layers, 0, -1)):
         c = replace(base, n_layers=L); n = param_counts(c)
-        budgets = functools.partial(_offload_budgets, c, n, g, micro_bs, act_budget, act_offload=act_offload)
-        accum_on = offload_accum or ('gpu' if budgets('gpu')[0] / GiB <= gpu_budget else 'cpu')
-        gpu_b, host_b, off = budgets(accum_on)
+        for act_n in [act_offload] if act_offload is not None else [0, PUBLISHED_ACT_OFFLOAD]:
+            budgets = functools.partial(_offload_budgets, c, n, g, micro_bs, act_budget, act_offload=act_n)
+            accum_on = offload_accum or ('gpu' if budgets('gpu')[0] / GiB <= gpu_budget else 'cpu')
+            gpu_b, host_b, off = budgets(accum_on)
+            if gpu_b / GiB <= gpu_budget: break
         if (gpu_b / GiB <= gpu_budget and host_b / GiB <= host_budget) or layers: break
     else: raise UsageError(f'config {base.name} does not fit one {g.name} with {host_gib:g} GiB of host memory even with 1 layer')
     flops, compute, link, opt = _offload_times(c, n, g, micro_bs, off, accum_on, link_gbs, kernel_eff)
@@ -493,7 +499,7 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
     return OffloadPlan(base.name, g.name, L, base.n_layers, micro_bs, accum, c.seq_len, gpu_b / GiB, gpu_budget,
                        host_b / GiB, host_budget, off / GiB, compute, link, micro, opt, step,
                        accum * flops / (step * g.peak('bf16')), 'compute' if compute >= link else 'link', accum_on, act_budget,
-                       act_offload)
+                       act_n)
 
 # %% ../nbs/00_plan.ipynb #0b71b21b
 def _plan_parser():
@@ -520,6 +526,8 @@ def _plan_parser():
     one.add_argument('--micro-bs', type=int, default=6, help='sequences per micro-batch (default: %(default)s)')
     one.add_argument('--accum', type=int, default=8, help='micro-batches per optimizer step (default: %(default)s)')
     one.add_argument('--offload-accum', choices=['cpu', 'gpu'], help='where gradients accumulate (default: the GPU when it fits)')
+    one.add_argument('--act-offload', type=int, help='GEMM inputs sent to the host per micro-batch (default: 0 when the GPU holds '
+                     f'them, else the published {PUBLISHED_ACT_OFFLOAD})')
     return p
 
 def plan_main(argv=()):
@@ -528,7 +536,8 @@ def plan_main(argv=()):
     if a.host_gib is not None:
         if not a.config: raise UsageError('--host-gib plans one-GPU offload training of a model config: add --config NAME')
         if a.precision: raise UsageError('--precision is not a choice of the one-GPU plan: its compute rate is measured with the published FP8 line')
-        op = offload_plan(a.config, a.gpu, a.host_gib, a.link_gbs, a.micro_bs, a.accum, offload_accum=a.offload_accum)
+        op = offload_plan(a.config, a.gpu, a.host_gib, a.link_gbs, a.micro_bs, a.accum, offload_accum=a.offload_accum,
+                          act_offload=a.act_offload)
         print(json.dumps(dataclasses.asdict(op) | dict(flags=op.flags()), indent=1) if a.json else op)
         return 0
     p = plan(a.params, a.active, a.tokens, a.gpu, a.gpus, 90 if a.days is None else a.days, a.precision or 'bf16', a.optimizer,

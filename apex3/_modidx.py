@@ -458,6 +458,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload.PinnedPool': ('offload.html#pinnedpool', 'apex3/offload.py'),
                                'apex3.offload.PinnedPool.__init__': ('offload.html#pinnedpool.__init__', 'apex3/offload.py'),
                                'apex3.offload.PinnedPool._carve': ('offload.html#pinnedpool._carve', 'apex3/offload.py'),
+                               'apex3.offload.PinnedPool._pin_slab': ('offload.html#pinnedpool._pin_slab', 'apex3/offload.py'),
                                'apex3.offload.PinnedPool.alloc': ('offload.html#pinnedpool.alloc', 'apex3/offload.py'),
                                'apex3.offload.PinnedPool.release': ('offload.html#pinnedpool.release', 'apex3/offload.py'),
                                'apex3.offload.PinnedPool.reserve': ('offload.html#pinnedpool.reserve', 'apex3/offload.py'),

@@ -61,19 +61,23 @@ class PinnedPool:
         # the budget left to pin, in power-of-two pieces: a 5 GiB pool pins 4 + 1 GiB, not two 4 GiB slabs
         room = self.budget - self.pinned
         size = max(_pow2(a), min(self.slab_bytes, _pow2_floor(room))) if room >= a else _pow2(a)
-        if host_available_bytes() < size + HOST_SPARE: return None
-        self.slabs.append([torch.empty(size, dtype=torch.uint8, pin_memory=self.pin), a]); self.pinned += size
+        if not self._pin_slab(size, a): return None
         return _alias(self.slabs[-1][0], 0, n)
+
+    def _pin_slab(self, size, used=0):
+        "Pin one more slab of `size` bytes, `used` of them taken; False, pinning nothing, if the host cannot spare it."
+        if host_available_bytes() < size + HOST_SPARE: return False
+        self.slabs.append([torch.empty(size, dtype=torch.uint8, pin_memory=self.pin), used]); self.pinned += size
+        return True
 
     def reserve(self, largest=0):
         "Pin the rest of the budget now, the first piece holding at least `largest` bytes; a clear error if the host cannot."
         with self.lock:
             while (room := self.budget - self.pinned) >= ALIGN:
                 size = max(min(self.slab_bytes, _pow2_floor(room)), _pow2(largest)); largest = 0
-                if host_available_bytes() < size + HOST_SPARE:
+                if not self._pin_slab(size):
                     raise UsageError(f'cannot pin {room/GiB:.1f} GiB more: {host_available_bytes()/GiB:.1f} GiB of host memory left; '
                                      'train fewer layers (`apex3 plan --config NAME --host-gib N` says how many fit)')
-                self.slabs.append([torch.empty(size, dtype=torch.uint8, pin_memory=self.pin), 0]); self.pinned += size
 
     def alloc(self, shape, dtype, count_overflow=True):
         "A host tensor of `shape` and `dtype`, or None (counted as overflow unless told not to) when the budget is spent."

@@ -438,7 +438,8 @@ HOST_UNATTRIBUTED_GIB = 28                           # resident beyond pools and
 HOST_BESIDE_POOLS_GIB = HOST_OVERHEAD_GIB + HOST_UNATTRIBUTED_GIB
 HOST_ACCUM_GBS = 68.7                                # the host accumulation kernel on the H200's host (records)
 
-def _offload_budgets(c, counts, gpu, micro_bs, act_budget, accum_on, act_offload=72, ce_chunk=4096, overhead_gib=HOST_BESIDE_POOLS_GIB):
+def _offload_budgets(c, counts, gpu, micro_bs, act_budget, accum_on, act_offload=PUBLISHED_ACT_OFFLOAD, ce_chunk=4096,
+                     overhead_gib=HOST_BESIDE_POOLS_GIB):
     "GPU bytes, host bytes and activation bytes offloaded per micro-batch, for config `c` and the GEMM-input hooks."
     from apex3.config import param_components
     N, L, d, s = counts['total'], c.n_layers, c.d_model, c.seq_len

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['log', 'KERNEL_KINDS', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_config', 'micro_flops',
            'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'check_host_memory', 'micro_step',
-           'optimizer_step', 'random_tokens', 'measure_link', 'kernel_kind', 'profile_phase', 'status_gib',
+           'optimizer_step', 'random_tokens', 'measure_link', 'kernel_kind', 'overlap_s', 'profile_phase', 'status_gib',
            'host_memory', 'phase_memory', 'bench', 'HostWatchdog', 'bench_main', 'main', 'plot_memory_phases',
            'host_parts', 'plot_host_breakdown', 'plot_predicted_vs_measured']
 
@@ -37,6 +37,8 @@ def add_run_flags(p):
     p.add_argument('--compile-blocks', action='store_true', help='torch.compile each block')
     p.add_argument('--offload', action='store_true', help='FP32 masters and optimizer state in pinned host memory')
     p.add_argument('--offload-accum', default='cpu', choices=['cpu', 'gpu'], help='where gradients accumulate with --offload')
+    p.add_argument('--offload-gpu-gib', type=float, default=0.0,
+                   help='GiB of FP32 masters, optimizer state and accumulators that stay on the GPU with --offload (`apex3 plan` says how much fits)')
     p.add_argument('--act-offload', type=int, default=0, help='saved tensors per micro-batch stored on the host')
     p.add_argument('--act-budget', type=float, help='fraction of GPU memory activations may keep; the rest go to the host')
     p.add_argument('--gemm-offload', default='none', choices=['none', 'hooks'], help='offload only what GEMMs save')
@@ -49,6 +51,7 @@ def check_run_flags(a):
     "Usage errors in the flags of `add_run_flags` that argparse cannot see (shared by `apex3.bench` and `apex3.train`)."
     if min(a.micro_bs, a.accum) < 1: raise UsageError('--micro-bs and --accum must be at least 1')
     if a.act_offload < 0: raise UsageError(f'--act-offload counts tensors: at least 0, not {a.act_offload}')
+    if a.offload_gpu_gib < 0: raise UsageError(f'--offload-gpu-gib is GiB kept on the GPU: at least 0, not {a.offload_gpu_gib:g}')
     if a.act_budget is not None and not 0 <= a.act_budget <= 1: raise UsageError(f'--act-budget is a fraction in [0, 1], not {a.act_budget}')
     try: dev = torch.device(a.device)
     except RuntimeError: raise UsageError(f'--device {a.device!r} is not a device (cpu, cuda, cuda:N)') from None
@@ -122,7 +125,7 @@ class Run:
         if a.compile_blocks: compile_blocks(self.model)
         self.host_setup.append(dict(phase='model', **host_memory()))
         self.autocast = not a.offload and self.device.type == 'cuda'
-        self.opt = (OffloadOptimizer(self.model, accum=a.offload_accum, lr=a.lr) if a.offload
+        self.opt = (OffloadOptimizer(self.model, accum=a.offload_accum, gpu_bytes=int(a.offload_gpu_gib * GiB), lr=a.lr) if a.offload
                     else build_optimizer(self.model, lr=a.lr))
         self.host_setup.append(dict(phase='optimizer', **host_memory()))
         self.z_parts = []   # the z-loss part of every loss call since the last optimizer step (for the step log)
@@ -140,11 +143,11 @@ def _device_memory(device):
 
 def check_host_memory(a, cfg, device):
     "Refuse an offload run whose host memory (the planner's estimate) exceeds what the host has available, before pinning any."
-    from apex3.plan import offload_host_gib, HOST_BESIDE_POOLS_GIB
+    from apex3.plan import offload_host_gib, HOST_OVERHEAD_GIB
     from apex3.offload import host_available_bytes
     keep = 1.0 if a.act_budget is None else a.act_budget   # without a budget, activations beyond --act-offload stay on the GPU
     need = offload_host_gib(cfg, _device_memory(device) / GiB, a.micro_bs, keep, a.offload_accum, a.act_offload,
-                            overhead_gib=HOST_BESIDE_POOLS_GIB if device.type == 'cuda' else 0)   # a CUDA process's own, on a GPU only
+                            resident_gib=a.offload_gpu_gib, overhead_gib=HOST_OVERHEAD_GIB if device.type == 'cuda' else 0)   # a CUDA process's own, on a GPU only
     have = host_available_bytes() / GiB
     if need > have:
         raise UsageError(f'--offload needs about {need:.0f} GiB of host memory for {cfg.name} with {cfg.n_layers} layers and '
@@ -205,8 +208,24 @@ def kernel_kind(name):
     low = name.lower()
     return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), 'other')
 
+def _union(spans):
+    out = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]: out[-1][1] = max(out[-1][1], e)
+        else: out.append([s, e])
+    return out
+
+def overlap_s(a, b) -> float:
+    "How long some span of `a` and some span of `b` run at once (spans are (start, end) pairs)."
+    a, b, i, j, t = _union(a), _union(b), 0, 0, 0.0
+    while i < len(a) and j < len(b):
+        t += max(0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]: i += 1
+        else: j += 1
+    return t
+
 def profile_phase(fn, device, top=8) -> dict:
-    "Run `fn` once under the profiler: wall seconds, GPU-busy seconds by kind of kernel, and the top kernels."
+    "Run `fn` once under the profiler: wall seconds, GPU-busy seconds by kind of kernel, the top kernels, and how long copies ran both ways at once."
     from torch.profiler import profile, ProfilerActivity
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
     _sync(device); t0 = time.perf_counter()
@@ -218,7 +237,11 @@ def profile_phase(fn, device, top=8) -> dict:
     for e in kernels:
         kind = kernel_kind(e.key); by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e6
     top_k = sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]
-    return dict(wall_s=wall, busy_s=sum(by_kind.values()), by_kind=by_kind,
+    copies = {'HtoD': [], 'DtoH': []}   # a full-duplex link runs both at once
+    for e in prof.events():
+        for k in copies:
+            if e.device_type.name == 'CUDA' and k in e.name: copies[k].append((e.time_range.start, e.time_range.end))
+    return dict(wall_s=wall, busy_s=sum(by_kind.values()), by_kind=by_kind, duplex_s=overlap_s(*copies.values()) / 1e6,
                 top=[(e.key[:80], e.self_device_time_total / 1e6, e.count) for e in top_k])
 
 def status_gib(field='VmRSS') -> float:
@@ -290,6 +313,7 @@ def _bench(a, dog):
                 overflow_gib=act.get('overflow_gib', 0.0) / max(1, (a.warmup + a.steps) * a.accum),
                 peak_gpu_gib=max(m['gpu_peak_gib'] for m in mem) if dev.type == 'cuda' else None, memory_phases=mem,
                 host_pinned_gib=act.get('host_pinned_gib', 0.0) + opt_pool.get('host_pinned_gib', 0.0),
+                opt_gpu_gib=getattr(run.opt, 'resident_gib', 0.0),
                 router_max_mean=loads.max().item(), loss_first=losses[0], loss_last=losses[-1],
                 params=param_counts(cfg)['total'], host_peak_rss_gib=status_gib('VmHWM'), profile=prof, **phases, **link,
                 host_breakdown=dict(setup=run.host_setup, end=host_memory(), optimizer_pool=opt_pool,

@@ -4,10 +4,11 @@
 
 # %% auto #0
 __all__ = ['log', 'GiB', 'SLAB_BYTES', 'ALIGN', 'HOST_SPARE', 'host_available_bytes', 'PinnedPool', 'accum_kernel', 'accumulate_',
-           'dense', 'ActivationOffload', 'is_gemm_module', 'gemm_offload_hooks', 'OffloadOptimizer']
+           'dense', 'ActivationOffload', 'is_gemm_module', 'gemm_offload_hooks', 'resident_bytes', 'choose_resident',
+           'OffloadOptimizer']
 
 # %% ../nbs/20_offload.ipynb #b5b880af
-import contextlib, ctypes, logging, os, threading, time, weakref
+import contextlib, ctypes, itertools, logging, os, threading, time, weakref
 from collections import defaultdict
 import torch, torch.nn as nn
 from .cli import UsageError
@@ -282,10 +283,21 @@ def _n_state(group):
     "FP32 state tensors per parameter of an optimizer group: Muon's momentum, or AdamW's two moments."
     return 1 if 'momentum' in group else 2
 
+def resident_bytes(p, group):
+    "GPU bytes of a parameter kept resident: FP32 master, optimizer state and gradient accumulator."
+    return p.numel() * 4 * (2 + _n_state(group))
+
+def choose_resident(params, budget):
+    "The parameters (of `(param, group)` pairs) kept on the GPU: first fit, in order, within `budget` bytes."
+    out = set()
+    for p, g in params:
+        if resident_bytes(p, g) <= budget: out.add(p); budget -= resident_bytes(p, g)
+    return out
+
 class _Slot:
-    "One parameter's host-side life: FP32 master, optimizer state, gradient accumulator."
-    def __init__(self, p, group, alloc):
-        self.p, self.group, self.fresh = p, group, True
+    "One parameter's off-model life: FP32 master, optimizer state, gradient accumulator (on the host, or resident on the GPU)."
+    def __init__(self, p, group, alloc, resident=False):
+        self.p, self.group, self.fresh, self.resident = p, group, True, resident
         self.master = alloc(p.shape, torch.float32); self.master.copy_(p.detach())
         self.state = [alloc(p.shape, torch.float32).zero_() for _ in range(_n_state(group))]
         self.step = torch.tensor(0.0)
@@ -295,15 +307,20 @@ class _Slot:
 
 # %% ../nbs/20_offload.ipynb #b8816668
 class OffloadOptimizer:
-    "Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU."
-    def __init__(self, model, accum='cpu', pool=None, chunk_bytes=512 * 2**20, **opt_kwargs):
+    "Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU (but for `gpu_bytes` of it)."
+    def __init__(self, model, accum='cpu', pool=None, chunk_bytes=512 * 2**20, gpu_bytes=0, **opt_kwargs):
         if accum not in ('cpu', 'gpu'): raise UsageError(f"--offload-accum must be cpu or gpu, got {accum!r}")
         self.reference = build_optimizer(model, **opt_kwargs)  # the groups and hyperparameters; its state stays empty
         self.accum, self.chunk_bytes = accum, chunk_bytes
+        params = [(p, g) for g in self.reference.param_groups for p in g['params']]
+        self.resident = choose_resident(params, gpu_bytes)
+        self.resident_gib = sum(resident_bytes(p, g) for p, g in params if p in self.resident) / GiB
         self.pool = pool or PinnedPool(self.host_bytes_needed())
-        self.slots = [_Slot(p, g, self._host) for g in self.reference.param_groups for p in g['params']]
-        if accum == 'cpu':  # now, not on first use: staging buffers taken meanwhile would eat the accumulators' budget
-            for s in self.slots: s.acc = self._host(s.p.shape, torch.float32)
+        on_device = lambda p: lambda shape, dtype: torch.empty(shape, dtype=dtype, device=p.device)
+        self.slots = [_Slot(p, g, on_device(p), True) if p in self.resident else _Slot(p, g, self._host) for p, g in params]
+        for s in self.slots:  # now, not on first use: staging buffers taken meanwhile would eat the accumulators' budget
+            if s.resident: s.acc = torch.zeros(s.p.shape, device=s.p.device)
+            elif accum == 'cpu': s.acc = self._host(s.p.shape, torch.float32)
         # the staging allowance too, with room for the largest gradient in one piece: activations offloaded meanwhile must
         # not take its host memory
         self.pool.reserve(self.largest_grad() if accum == 'cpu' else 0)
@@ -321,9 +338,12 @@ class OffloadOptimizer:
                                        '(`apex3 plan --config NAME --host-gib N` says how many fit)')
         return t
 
+    def _host_params(self):
+        return [(p, g) for g in self.reference.param_groups for p in g['params'] if p not in self.resident]
+
     def host_bytes_needed(self):
         "Pinned bytes for masters, state and host accumulators, plus staging for half the gradients in flight (at least the largest)."
-        per = [(p.numel(), _n_state(g), p.element_size()) for g in self.reference.param_groups for p in g['params']]
+        per = [(p.numel(), _n_state(g), p.element_size()) for p, g in self._host_params()]
         state = sum(n * 4 * (1 + k + (self.accum == 'cpu')) for n, k, _ in per)
         # backward hands over gradients faster than the host adds them (C4: all of them in ~0.3 s, added in ~0.5 s): half of
         # them may wait on the host without stalling backward; more in flight waits (see `_stage`)
@@ -331,7 +351,8 @@ class OffloadOptimizer:
         return int(state + staging + 2**26)
 
     def largest_grad(self):
-        return max(p.numel() * p.element_size() for g in self.reference.param_groups for p in g['params'])
+        "Bytes of the largest gradient that goes to the host (0 if none does)."
+        return max((p.numel() * p.element_size() for p, _ in self._host_params()), default=0)
 
     @property
     def param_groups(self): return self.reference.param_groups
@@ -342,7 +363,8 @@ class OffloadOptimizer:
 def _grad_hook(self, s):
     def hook(p):
         g, p.grad = p.grad, None  # the GPU copy is freed as soon as it is on its way
-        if self.accum == 'gpu' or not g.is_cuda: return self._add(s, g, s.p.device if self.accum == 'gpu' else 'cpu')
+        on_device = self.accum == 'gpu' or s.resident
+        if on_device or not g.is_cuda: return self._add(s, g, s.p.device if on_device else 'cpu')
         stage, pooled = self._stage(g)
         self.d2h.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.d2h):
@@ -387,11 +409,11 @@ OffloadOptimizer._grad_hook, OffloadOptimizer._stage, OffloadOptimizer._add, Off
 
 # %% ../nbs/20_offload.ipynb #53f2251b
 def _chunks(self, landing=()):
-    "Slots that received a gradient (landed, or in `landing`), grouped by optimizer group, cut into chunks of about `chunk_bytes`."
+    "Slots that received a gradient (landed, or in `landing`), by optimizer group and residence, cut into chunks of about `chunk_bytes`."
     out = []
-    for g in self.param_groups:
+    for g, resident in itertools.product(self.param_groups, (True, False)):
         cur, n = [], 0
-        for s in (s for s in self.slots if s.group is g and (not s.fresh or s in landing)):
+        for s in (s for s in self.slots if s.group is g and s.resident == resident and (not s.fresh or s in landing)):
             if cur and n + s.nbytes > self.chunk_bytes: out.append(cur); cur, n = [], 0
             cur.append(s); n += s.nbytes
         if cur: out.append(cur)
@@ -427,6 +449,10 @@ def _step(self):
         for s in chunk:
             for f in landing.pop(s, ()): f.result()
         waited += time.perf_counter() - tw
+        if chunk[0].resident:   # updated where it lives
+            _update(chunk, [s.master for s in chunk], [s.state for s in chunk], [s.acc for s in chunk])
+            for s in chunk: s.p.copy_(s.master); s.fresh = True
+            continue
         if len(inflight) == 2: inflight.pop(0).synchronize()  # at most two chunks on the GPU
         dev = chunk[0].p.device
         up = lambda t: t.to(dev, non_blocking=True) if t.device != dev else t.clone()
@@ -466,7 +492,7 @@ def _state_dict(self):
     "Group hyperparameters and every parameter's FP32 master, optimizer state and step (host tensors)."
     self.wait()
     return dict(groups=[{k: v for k, v in g.items() if k != 'params'} for g in self.param_groups],
-                slots=[dict(master=s.master, state=s.state, step=s.step) for s in self.slots])
+                slots=[dict(master=s.master.cpu(), state=[x.cpu() for x in s.state], step=s.step) for s in self.slots])
 
 @torch.no_grad()
 def _load_state_dict(self, sd):

@@ -4,12 +4,11 @@
 
 # %% auto #0
 __all__ = ['GPUS', 'RECOMPUTE', 'GiB', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACTION', 'BYTES', 'GPU_CAP', 'REAL_RUNS', 'LINKS',
-           'GEMM_SAVED', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB', 'HOST_SLAB_WASTE', 'HOST_UNATTRIBUTED_GIB',
-           'HOST_BESIDE_POOLS_GIB', 'HOST_ACCUM_GBS', 'parse_number', 'fmt_count', 'GPU', 'find_gpu', 'gpu_table',
-           'model_shape', 'train_flops', 'recompute_flops', 'activation_bytes', 'Layout', 'search_target',
-           'search_gpus', 'choose', 'Serving', 'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs',
-           'plan', 'validation_table', 'link_speed', 'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main',
-           'gpus_main']
+           'GEMM_SAVED', 'ACT_BYTES_PER_TOKEN_D', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB', 'HOST_SLAB_WASTE',
+           'KERNEL_EFF', 'parse_number', 'fmt_count', 'GPU', 'find_gpu', 'gpu_table', 'model_shape', 'train_flops',
+           'recompute_flops', 'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose', 'Serving',
+           'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs', 'plan', 'validation_table', 'link_speed',
+           'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main', 'gpus_main']
 
 # %% ../nbs/00_plan.ipynb #3119e2a9
 import dataclasses, difflib, functools, json, math, re
@@ -413,17 +412,18 @@ class OffloadPlan:
     config: str; gpu: str; layers: int; full_layers: int; micro_bs: int; accum: int; seq: int
     gpu_gib: float; gpu_budget_gib: float; host_gib: float; host_budget_gib: float
     act_offloaded_gib: float; compute_s: float; link_s: float; micro_s: float; optimizer_s: float
-    step_s: float; mfu_at_batch: float; bound: str; accum_on: str; act_budget: float; act_offload: int
+    step_s: float; mfu_at_batch: float; bound: str; accum_on: str; act_budget: float; act_offload: int; resident_gib: float
     def flags(self):
         "The trainer and benchmark flags this plan recommends."
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
-        return (f'--config {self.config}{depth} --offload --offload-accum {self.accum_on} --recompute none '
+        keep = f' --offload-gpu-gib {self.resident_gib:g}' if self.resident_gib else ''
+        return (f'--config {self.config}{depth} --offload --offload-accum {self.accum_on}{keep} --recompute none '
                 f'--act-budget {self.act_budget:g} --gemm-offload hooks --act-offload {self.act_offload} '
                 f'--micro-bs {self.micro_bs} --accum {self.accum}')
     def __str__(self):
         fit = '' if self.layers == self.full_layers else f' (the full {self.full_layers} do not fit the host)'
         return (f'One-GPU offload plan: config {self.config} with {self.layers} layers{fit} on 1 x {self.gpu}\n'
-                f'  GPU memory   {self.gpu_gib:.1f} of {self.gpu_budget_gib:.0f} GiB budget\n'
+                f'  GPU memory   {self.gpu_gib:.1f} of {self.gpu_budget_gib:.0f} GiB budget (optimizer state kept: {self.resident_gib:g} GiB)\n'
                 f'  Host memory  {self.host_gib:.1f} of {self.host_budget_gib:.0f} GiB budget (activations offloaded: {self.act_offloaded_gib:.1f} GiB)\n'
                 f'  Micro-batch  {self.micro_s:.2f} s ({self.bound}-bound: compute {self.compute_s:.2f} s, link {self.link_s:.2f} s)\n'
                 f'  Step         {self.step_s:.1f} s = {self.accum} x {self.micro_s:.2f} s + optimizer {self.optimizer_s:.1f} s; MFU at batch {self.mfu_at_batch:.2f}\n'
@@ -431,57 +431,68 @@ class OffloadPlan:
 
 # %% ../nbs/00_plan.ipynb #c14f2451
 GEMM_SAVED = dict(tensors=9, bytes_per_token_d=26)   # per layer, measured (C, FP8 tensorwise, records/bench.jsonl)
+ACT_BYTES_PER_TOKEN_D = 50                           # saved per layer, measured (C7 record, no activation offload)
 PUBLISHED_ACT_OFFLOAD = 72                           # --act-offload of the published flag line
-HOST_OVERHEAD_GIB = 6                                # the process beside its pinned pools (estimate)
+HOST_OVERHEAD_GIB = 3                                # the process beside its pinned pools (1.9 GiB measured, C4-C7)
 HOST_SLAB_WASTE = 1.06                               # pinned slabs over what is cut from them (20_offload, C's sizes)
-HOST_UNATTRIBUTED_GIB = 28                           # resident beyond pools and process in the C4 record: unexplained
-HOST_BESIDE_POOLS_GIB = HOST_OVERHEAD_GIB + HOST_UNATTRIBUTED_GIB
-HOST_ACCUM_GBS = 68.7                                # the host accumulation kernel on the H200's host (records)
+KERNEL_EFF = 0.57                                    # a micro-batch of C, fraction of the BF16 peak (records)
+
+def _per_param(c, counts, accum_on):
+    "Optimizer bytes per parameter (Muon and AdamW averaged): FP32 master, state and host accumulator; and the part that changes."
+    from apex3.config import param_components
+    N = counts['total']
+    adam = sum(r[1] for r in param_components(c) if r[0] in ('embedding', 'lm_head', 'router', 'qk_norm', 'block_norms', 'final_norm'))
+    st = (4 * (N - adam) + 8 * adam) / N                            # Muon's momentum, AdamW's two moments
+    # where they live (host, or GPU when kept: GPU accumulators are counted with the gradients) and what a step
+    # streams up; masters and state come back down
+    return 4 + st + (4 if accum_on == 'cpu' else 0), 4 + st
 
 def _offload_budgets(c, counts, gpu, micro_bs, act_budget, accum_on, act_offload=PUBLISHED_ACT_OFFLOAD, ce_chunk=4096,
-                     overhead_gib=HOST_BESIDE_POOLS_GIB):
-    "GPU bytes, host bytes and activation bytes offloaded per micro-batch, for config `c` and the GEMM-input hooks."
-    from apex3.config import param_components
+                     overhead_gib=HOST_OVERHEAD_GIB, resident_gib=0.0):
+    "GPU bytes, host bytes, activation bytes offloaded per micro-batch, and parameters whose optimizer stays on the GPU."
     N, L, d, s = counts['total'], c.n_layers, c.d_model, c.seq_len
-    adam = sum(r[1] for r in param_components(c) if r[0] in ('embedding', 'lm_head', 'router', 'qk_norm', 'block_norms', 'final_norm'))
+    per, _ = _per_param(c, counts, accum_on)
+    kept = min(N, resident_gib * GiB / per)
     layer_params = (N - 2 * c.vocab_size * d) / L
-    acts = L * 34 * s * micro_bs * d                                # Korthikanti, flash attention
+    acts = L * ACT_BYTES_PER_TOKEN_D * s * micro_bs * d
     gemm_layer = GEMM_SAVED['bytes_per_token_d'] * s * micro_bs * d
     by_count = min(act_offload, GEMM_SAVED['tensors'] * L) / GEMM_SAVED['tensors'] * gemm_layer
     rest = L * gemm_layer - by_count                                # the other GEMM inputs: kept up to the budget
     offloaded = by_count + max(0, rest - act_budget * gpu.mem_gb * GiB)
     grads_gpu = 4 * N if accum_on == 'gpu' else 2 * 2 * layer_params   # fp32 accumulators, or two layers in flight
     ce = 2 * ce_chunk * c.vocab_size * 4                            # fp32 logits of one chunk and their gradient
-    gpu_bytes = (2 * N + grads_gpu + max(0, acts - offloaded) + ce) * 1.05 + 2 * GiB   # + allocator slack and a workspace
-    staging = max(2 * N / 2, 2 * c.vocab_size * d) if accum_on == 'cpu' else 0   # half the gradients in flight, or the largest
-    pinned = 4 * N + 4 * (N - adam) + 8 * adam + (4 * N if accum_on == 'cpu' else 0) + offloaded + staging
+    gpu_bytes = (2 * N + grads_gpu + kept * per + max(0, acts - offloaded) + ce) * 1.05 + 2 * GiB   # + slack, workspace
+    # half the host's gradients in flight, at least the largest
+    staging = max(2 * (N - kept) / 2, 2 * c.vocab_size * d) if accum_on == 'cpu' and kept < N else 0
+    pinned = (N - kept) * per + offloaded + staging
     host_bytes = pinned * HOST_SLAB_WASTE + overhead_gib * GiB
-    return gpu_bytes, host_bytes, offloaded
+    return gpu_bytes, host_bytes, offloaded, kept
 
-def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offload, overhead_gib=HOST_BESIDE_POOLS_GIB) -> float:
+def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offload, resident_gib=0.0,
+                     overhead_gib=HOST_OVERHEAD_GIB) -> float:
     "Host GiB a one-GPU offload run of `cfg` needs by this model (the benchmark and trainer check it before pinning)."
     from types import SimpleNamespace
     from apex3.config import param_counts
     return _offload_budgets(cfg, param_counts(cfg), SimpleNamespace(mem_gb=gpu_mem_gib), micro_bs, act_budget, accum_on,
-                            act_offload, overhead_gib=overhead_gib)[1] / GiB
+                            act_offload, overhead_gib=overhead_gib, resident_gib=resident_gib)[1] / GiB
 
-def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kernel_eff):
+def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kernel_eff, kept=0):
     "Compute and link seconds per micro-batch, and the optimizer step's seconds."
-    N, T = counts['total'], micro_bs * c.seq_len
+    N, T, (up, down) = counts['total'], micro_bs * c.seq_len, _per_param(c, counts, accum_on)
     flops = (6 * counts['active_matmul'] + 12 * c.n_layers * c.n_heads * c.head_dim * c.seq_len) * T
     compute = flops / (gpu.peak('bf16') * kernel_eff)
-    link = ((2 * N if accum_on == 'cpu' else 0) + 2 * offloaded) / (link_gbs * 1e9)
-    tail = 10 * N / (HOST_ACCUM_GBS * 1e9) if accum_on == 'cpu' else 0   # the host adds the last gradients first
-    opt = tail + (4 + 4 + 4) * N / (link_gbs * 1e9)  # masters + state + gradients in; masters + state out overlap
+    link = ((2 * (N - kept) if accum_on == 'cpu' else 0) + 2 * offloaded) / (link_gbs * 1e9)
+    opt = (up + down) * (N - kept) / (link_gbs * 1e9)     # the two directions one after the other, as measured
     return flops, compute, link, opt
 
 # %% ../nbs/00_plan.ipynb #4076adc5
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=0.15,
-                 kernel_eff=0.4, layers=None, offload_accum=None, act_offload=None) -> OffloadPlan:
+                 kernel_eff=KERNEL_EFF, layers=None, offload_accum=None, act_offload=None, offload_gpu_gib=None) -> OffloadPlan:
     "Plan one-GPU training with host offload: memory on both sides, step time, and the flags; fewer layers if the host is short."
     from apex3.config import get_config, param_counts
     from dataclasses import replace
     if act_offload is not None and act_offload < 0: raise UsageError(f'--act-offload counts tensors: at least 0, not {act_offload}')
+    if offload_gpu_gib is not None and offload_gpu_gib < 0: raise UsageError(f'--offload-gpu-gib is at least 0, not {offload_gpu_gib:g}')
     g, base = find_gpu(gpu), get_config(config)
     link_gbs = link_speed(link_gbs)
     gpu_budget, host_budget = MEM_FRACTION * g.mem_gb, MEM_FRACTION * host_gib
@@ -491,16 +502,19 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
         for act_n in [act_offload] if act_offload is not None else [0, PUBLISHED_ACT_OFFLOAD]:
             budgets = functools.partial(_offload_budgets, c, n, g, micro_bs, act_budget, act_offload=act_n)
             accum_on = offload_accum or ('gpu' if budgets('gpu')[0] / GiB <= gpu_budget else 'cpu')
-            gpu_b, host_b, off = budgets(accum_on)
+            gpu_b = budgets(accum_on)[0]
             if gpu_b / GiB <= gpu_budget: break
+        # whole GiB of optimizer state where the GPU has room (unless told): off the host, and off the link
+        keep = offload_gpu_gib if offload_gpu_gib is not None else max(0, math.floor((gpu_budget - gpu_b / GiB) / 1.05))
+        gpu_b, host_b, off, kept = budgets(accum_on, resident_gib=keep)
         if (gpu_b / GiB <= gpu_budget and host_b / GiB <= host_budget) or layers: break
     else: raise UsageError(f'config {base.name} does not fit one {g.name} with {host_gib:g} GiB of host memory even with 1 layer')
-    flops, compute, link, opt = _offload_times(c, n, g, micro_bs, off, accum_on, link_gbs, kernel_eff)
+    flops, compute, link, opt = _offload_times(c, n, g, micro_bs, off, accum_on, link_gbs, kernel_eff, kept)
     micro = max(compute, link); step = accum * micro + opt
     return OffloadPlan(base.name, g.name, L, base.n_layers, micro_bs, accum, c.seq_len, gpu_b / GiB, gpu_budget,
                        host_b / GiB, host_budget, off / GiB, compute, link, micro, opt, step,
                        accum * flops / (step * g.peak('bf16')), 'compute' if compute >= link else 'link', accum_on, act_budget,
-                       act_n)
+                       act_n, keep)
 
 # %% ../nbs/00_plan.ipynb #0b71b21b
 def _plan_parser():
@@ -529,6 +543,7 @@ def _plan_parser():
     one.add_argument('--offload-accum', choices=['cpu', 'gpu'], help='where gradients accumulate (default: the GPU when it fits)')
     one.add_argument('--act-offload', type=int, help='GEMM inputs sent to the host per micro-batch (default: 0 when the GPU holds '
                      f'them, else the published {PUBLISHED_ACT_OFFLOAD})')
+    one.add_argument('--offload-gpu-gib', type=float, help='GiB of optimizer state kept on the GPU (default: what its budget leaves)')
     return p
 
 def plan_main(argv=()):
@@ -538,7 +553,7 @@ def plan_main(argv=()):
         if not a.config: raise UsageError('--host-gib plans one-GPU offload training of a model config: add --config NAME')
         if a.precision: raise UsageError('--precision is not a choice of the one-GPU plan: its compute rate is measured with the published FP8 line')
         op = offload_plan(a.config, a.gpu, a.host_gib, a.link_gbs, a.micro_bs, a.accum, offload_accum=a.offload_accum,
-                          act_offload=a.act_offload)
+                          act_offload=a.act_offload, offload_gpu_gib=a.offload_gpu_gib)
         print(json.dumps(dataclasses.asdict(op) | dict(flags=op.flags()), indent=1) if a.json else op)
         return 0
     p = plan(a.params, a.active, a.tokens, a.gpu, a.gpus, 90 if a.days is None else a.days, a.precision or 'bf16', a.optimizer,

@@ -421,7 +421,7 @@ class OffloadPlan:
                 f'--act-budget {self.act_budget:g} --gemm-offload hooks --act-offload {self.act_offload} '
                 f'--micro-bs {self.micro_bs} --accum {self.accum}')
     def __str__(self):
-        fit = '' if self.layers == self.full_layers else f' (the full {self.full_layers} do not fit the host)'
+        fit = '' if self.layers == self.full_layers else f' (the full {self.full_layers} do not fit)'
         return (f'One-GPU offload plan: config {self.config} with {self.layers} layers{fit} on 1 x {self.gpu}\n'
                 f'  GPU memory   {self.gpu_gib:.1f} of {self.gpu_budget_gib:.0f} GiB budget (optimizer state kept: {self.resident_gib:g} GiB)\n'
                 f'  Host memory  {self.host_gib:.1f} of {self.host_budget_gib:.0f} GiB budget (activations offloaded: {self.act_offloaded_gib:.1f} GiB)\n'

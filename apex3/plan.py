@@ -438,7 +438,7 @@ HOST_SLAB_WASTE = 1.06                               # pinned slabs over what is
 KERNEL_EFF = 0.57                                    # a micro-batch of C, fraction of the BF16 peak (records)
 
 def _per_param(c, counts, accum_on):
-    "Optimizer bytes per parameter (Muon and AdamW averaged): FP32 master, state and host accumulator; and the part that changes."
+    "Optimizer bytes per parameter, Muon and AdamW averaged: what it keeps and streams up in a step; what comes back down."
     from apex3.config import param_components
     N = counts['total']
     adam = sum(r[1] for r in param_components(c) if r[0] in ('embedding', 'lm_head', 'router', 'qk_norm', 'block_norms', 'final_norm'))

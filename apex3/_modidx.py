@@ -474,6 +474,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload._Slot.nbytes': ('offload.html#_slot.nbytes', 'apex3/offload.py'),
                                'apex3.offload._add': ('offload.html#_add', 'apex3/offload.py'),
                                'apex3.offload._alias': ('offload.html#_alias', 'apex3/offload.py'),
+                               'apex3.offload._buffers': ('offload.html#_buffers', 'apex3/offload.py'),
+                               'apex3.offload._chunk_views': ('offload.html#_chunk_views', 'apex3/offload.py'),
                                'apex3.offload._chunks': ('offload.html#_chunks', 'apex3/offload.py'),
                                'apex3.offload._discard': ('offload.html#_discard', 'apex3/offload.py'),
                                'apex3.offload._fetch': ('offload.html#_fetch', 'apex3/offload.py'),

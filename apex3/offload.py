@@ -432,19 +432,39 @@ def _update(chunk, m, st, gr):
 OffloadOptimizer._chunks = _chunks
 
 # %% ../nbs/20_offload.ipynb #a5053e84
+def _chunk_views(buf, chunk):
+    "Per-slot views into a flat device buffer laid out as [masters | gradients | state 0 | state 1] of one chunk."
+    total, out, off = sum(s.master.numel() for s in chunk), [], 0
+    for s in chunk:
+        k = s.master.numel()
+        region = lambda r, off=off, k=k, s=s: buf[r * total + off: r * total + off + k].view(s.p.shape)
+        out.append((region(0), region(1), [region(2 + r) for r in range(len(s.state))]))
+        off += k
+    return out
+
+def _buffers(chunks, device):
+    "Two flat FP32 buffers on `device`, each large enough for the masters, gradients and state of any chunk."
+    n = max(sum(s.master.numel() for s in c) * (2 + len(c[0].state)) for c in chunks)
+    return [torch.empty(n, device=device) for _ in range(2)]
+
 @torch.no_grad()
 def _step(self):
-    "One optimizer step over every parameter that received a gradient, streamed chunk by chunk."
-    t0, waited, inflight = time.perf_counter(), 0.0, []
+    "One optimizer step over every parameter that received a gradient, streamed chunk by chunk through two buffers."
+    t0, waited = time.perf_counter(), 0.0
     landing = defaultdict(list)   # slot -> gradients still on their way to its host accumulator
     for s, f in self.pending: landing[s].append(f)
-    # Once, not per chunk: the copy stream sees the gradients the backward pass left, and the loads of chunk i+1
-    # then run on it while chunk i updates on the compute stream.
+    # Once, not per chunk: the copy stream sees the gradients the backward pass left (and whatever last used the
+    # buffers' memory); from then on the streams order themselves by events, and the CPU never waits for the GPU.
     if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())
     # Chunks go in the order their gradients reach the host (the worker adds them in arrival order), so streaming
     # starts with what has landed while the host still accumulates the rest; each chunk waits only for its own.
     arrival = {s: i for i, (s, _) in enumerate(self.pending)}   # a slot's last gradient of this step
-    for chunk in sorted(self._chunks(landing), key=lambda c: max(arrival.get(s, -1) for s in c)):
+    chunks = sorted(self._chunks(landing), key=lambda c: max(arrival.get(s, -1) for s in c))
+    streamed = [c for c in chunks if not c[0].resident]
+    bufs, back = (_buffers(streamed, streamed[0][0].p.device), [None, None]) if streamed else (None, None)
+    stream = lambda st: torch.cuda.stream(st) if self.cuda else contextlib.nullcontext()
+    turn = itertools.count()   # streamed chunks alternate between the two buffers
+    for chunk in chunks:
         tw = time.perf_counter()
         for s in chunk:
             for f in landing.pop(s, ()): f.result()
@@ -453,24 +473,27 @@ def _step(self):
             _update(chunk, [s.master for s in chunk], [s.state for s in chunk], [s.acc for s in chunk])
             for s in chunk: s.p.copy_(s.master); s.fresh = True
             continue
-        if len(inflight) == 2: inflight.pop(0).synchronize()  # at most two chunks on the GPU
-        dev = chunk[0].p.device
-        up = lambda t: t.to(dev, non_blocking=True) if t.device != dev else t.clone()
-        with torch.cuda.stream(self.h2d) if self.cuda else contextlib.nullcontext():
-            m = [up(s.master) for s in chunk]; st = [[up(x) for x in s.state] for s in chunk]; gr = [up(s.acc) for s in chunk]
+        b = next(turn) % 2
+        views = _chunk_views(bufs[b], chunk)
+        on_device = lambda s: s.acc.device == s.p.device   # GPU accumulation: the gradient is there already
+        with stream(self.h2d):
+            if back[b] is not None: self.h2d.wait_event(back[b])   # the buffer's last chunk has gone back down
+            for s, (m, g, st) in zip(chunk, views):
+                m.copy_(s.master, non_blocking=True)
+                for d, h in zip(st, s.state): d.copy_(h, non_blocking=True)
+                if not on_device(s): g.copy_(s.acc, non_blocking=True)
         if self.cuda: torch.cuda.current_stream().wait_stream(self.h2d)
-        _update(chunk, m, st, gr)
-        for s, mi in zip(chunk, m): s.p.copy_(mi)  # the new working weights, cast to the model's dtype
+        _update(chunk, [m for m, _, _ in views], [st for _, _, st in views],
+                [s.acc if on_device(s) else g for s, (_, g, _) in zip(chunk, views)])
+        for s, (m, _, _) in zip(chunk, views): s.p.copy_(m)  # the new working weights, cast to the model's dtype
         if self.cuda: self.d2h.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.d2h) if self.cuda else contextlib.nullcontext():
-            for s, mi, sti in zip(chunk, m, st):
-                s.master.copy_(mi, non_blocking=True)
-                for h, d in zip(s.state, sti): h.copy_(d, non_blocking=True)
-            if self.cuda:
-                for t in [*m, *(x for sti in st for x in sti), *gr]: t.record_stream(self.d2h)
-                done = torch.cuda.Event(); done.record(); inflight.append(done)
+        with stream(self.d2h):
+            for s, (m, _, st) in zip(chunk, views):
+                s.master.copy_(m, non_blocking=True)
+                for h, d in zip(s.state, st): h.copy_(d, non_blocking=True)
+            if self.cuda: back[b] = torch.cuda.Event(); back[b].record()
         for s in chunk: s.fresh = True
-    if self.cuda: self.d2h.synchronize()
+    if self.cuda: self.d2h.synchronize()   # the buffers are free again when this returns
     self.wait()   # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
     total = time.perf_counter() - t0
     self.timings = dict(wait_s=waited, stream_s=total - waited)

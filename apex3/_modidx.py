@@ -693,5 +693,4 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.train.train_vs_bench': ('train.html#train_vs_bench', 'apex3/train.py'),
                              'apex3.train.val_losses': ('train.html#val_losses', 'apex3/train.py'),
                              'apex3.train.warn_doc_overflow': ('train.html#warn_doc_overflow', 'apex3/train.py'),
-                             'apex3.train.warn_once': ('train.html#warn_once', 'apex3/train.py'),
                              'apex3.train.warn_repeats': ('train.html#warn_repeats', 'apex3/train.py')}}}

@@ -156,11 +156,11 @@ CE_IMPLS = ('triton', 'torch')
 log = logging.getLogger('apex3.kernels')
 _warned = set()
 
-def warn_once(msg):
-    "Log `msg` as a warning the first time it is seen in this process."
+def warn_once(msg, logger=None):
+    "Log `msg` as a warning (to `logger`, else this module's) the first time it is seen in this process."
     if msg not in _warned:
         _warned.add(msg)
-        log.warning(msg)
+        (logger or log).warning(msg)
 
 def triton_ce_usable(device):
     "Can the Triton chunk kernel run for tensors on `device`?"

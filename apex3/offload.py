@@ -27,7 +27,7 @@ def host_available_bytes() -> int:
     return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
 
 # %% ../nbs/20_offload.ipynb #d3e5dc27
-SLAB_BYTES, ALIGN, HOST_SPARE = 4 * 2**30, 512, 2 * 2**30
+SLAB_BYTES, ALIGN, HOST_SPARE = 8 * 2**30, 512, 2 * 2**30
 
 def _pow2(n): return 1 << max(0, n - 1).bit_length()
 def _pow2_floor(n): return 1 << (n.bit_length() - 1)

@@ -237,11 +237,14 @@ def profile_phase(fn, device, top=8) -> dict:
     for e in kernels:
         kind = kernel_kind(e.key); by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e6
     top_k = sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]
-    copies = {'HtoD': [], 'DtoH': []}   # a full-duplex link runs both at once
+    spans = {'HtoD': [], 'DtoH': [], 'compute': []}
     for e in prof.events():
-        for k in copies:
-            if e.device_type.name == 'CUDA' and k in e.name: copies[k].append((e.time_range.start, e.time_range.end))
-    return dict(wall_s=wall, busy_s=sum(by_kind.values()), by_kind=by_kind, duplex_s=overlap_s(*copies.values()) / 1e6,
+        if e.device_type.name != 'CUDA' or e.time_range.end <= e.time_range.start: continue
+        k = next((k for k in ('HtoD', 'DtoH') if k in e.name), None if kernel_kind(e.name) == 'copy' else 'compute')
+        if k: spans[k].append((e.time_range.start, e.time_range.end))
+    # a full-duplex link runs both directions at once; copies under compute are hidden from the wall clock
+    return dict(wall_s=wall, busy_s=sum(by_kind.values()), by_kind=by_kind, duplex_s=overlap_s(spans['HtoD'], spans['DtoH']) / 1e6,
+                hidden_s=overlap_s(spans['HtoD'] + spans['DtoH'], spans['compute']) / 1e6,
                 top=[(e.key[:80], e.self_device_time_total / 1e6, e.count) for e in top_k])
 
 def status_gib(field='VmRSS') -> float:

@@ -328,7 +328,7 @@ class OffloadOptimizer:
         self.h2d, self.d2h = (torch.cuda.Stream(), torch.cuda.Stream()) if self.cuda else (None, None)
         self.worker, self.pending, self.staged = ThreadPoolExecutor(1), [], defaultdict(list)   # staged: bytes -> futures
         self.timings = dict(wait_s=0.0, stream_s=0.0)   # of the last step: the host accumulation tail, then the streamed update
-        self.staging = dict(staging_waits=0, staging_unpooled_gib=0.0)   # since construction: see `_stage`
+        self.staging = dict(staging_waits=0, staging_wait_s=0.0, staging_unpooled_gib=0.0)   # since construction: see `_stage`
         self.hooks = [s.p.register_post_accumulate_grad_hook(self._grad_hook(s)) for s in self.slots]
 
     def _host(self, shape, dtype):
@@ -381,11 +381,12 @@ def _stage(self, g):
     "A pinned buffer for `g` on its way to the host, and whether the pool gave it."
     # Past the staging allowance, wait for the oldest gradient that holds a pooled buffer of this size to land and free
     # it, rather than pin more: unpooled buffers stay cached by PyTorch's pinned allocator, rounded up, for the whole run.
-    queue = self.staged[g.nbytes]
+    queue, t0 = self.staged[g.nbytes], time.perf_counter()
     while (stage := self.pool.alloc(g.shape, g.dtype, count_overflow=False)) is None and queue:
         f = queue.pop(0)
         if not f.done(): self.staging['staging_waits'] += 1
         f.result()
+    self.staging['staging_wait_s'] += time.perf_counter() - t0   # the backward pass, held up by the host's additions
     if stage is not None: return stage, True
     if not self.staging['staging_unpooled_gib']:   # no buffer of this size is on its way back: the allowance is too small
         log.warning('no pooled staging buffer of this size is free or on its way back: using unpooled pinned memory '

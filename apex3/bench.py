@@ -39,6 +39,8 @@ def add_run_flags(p):
     p.add_argument('--offload-accum', default='cpu', choices=['cpu', 'gpu'], help='where gradients accumulate with --offload')
     p.add_argument('--offload-gpu-gib', type=float, default=0.0,
                    help='GiB of FP32 masters, optimizer state and accumulators that stay on the GPU with --offload (`apex3 plan` says how much fits)')
+    p.add_argument('--offload-accum-gpu-gib', type=float, default=0.0,
+                   help='with --offload-accum cpu: GiB of FP32 gradient accumulators kept on the GPU instead (the first parameters)')
     p.add_argument('--act-offload', type=int, default=0, help='saved tensors per micro-batch stored on the host')
     p.add_argument('--act-budget', type=float, help='fraction of GPU memory activations may keep; the rest go to the host')
     p.add_argument('--gemm-offload', default='none', choices=['none', 'hooks'], help='offload only what GEMMs save')
@@ -51,7 +53,8 @@ def check_run_flags(a):
     "Usage errors in the flags of `add_run_flags` that argparse cannot see (shared by `apex3.bench` and `apex3.train`)."
     if min(a.micro_bs, a.accum) < 1: raise UsageError('--micro-bs and --accum must be at least 1')
     if a.act_offload < 0: raise UsageError(f'--act-offload counts tensors: at least 0, not {a.act_offload}')
-    if a.offload_gpu_gib < 0: raise UsageError(f'--offload-gpu-gib is GiB kept on the GPU: at least 0, not {a.offload_gpu_gib:g}')
+    for flag in ('offload_gpu_gib', 'offload_accum_gpu_gib'):
+        if getattr(a, flag) < 0: raise UsageError(f"--{flag.replace('_', '-')} is GiB kept on the GPU: at least 0, not {getattr(a, flag):g}")
     if a.act_budget is not None and not 0 <= a.act_budget <= 1: raise UsageError(f'--act-budget is a fraction in [0, 1], not {a.act_budget}')
     try: dev = torch.device(a.device)
     except RuntimeError: raise UsageError(f'--device {a.device!r} is not a device (cpu, cuda, cuda:N)') from None
@@ -125,7 +128,8 @@ class Run:
         if a.compile_blocks: compile_blocks(self.model)
         self.host_setup.append(dict(phase='model', **host_memory()))
         self.autocast = not a.offload and self.device.type == 'cuda'
-        self.opt = (OffloadOptimizer(self.model, accum=a.offload_accum, gpu_bytes=int(a.offload_gpu_gib * GiB), lr=a.lr) if a.offload
+        self.opt = (OffloadOptimizer(self.model, accum=a.offload_accum, gpu_bytes=int(a.offload_gpu_gib * GiB),
+                                     accum_gpu_bytes=int(a.offload_accum_gpu_gib * GiB), lr=a.lr) if a.offload
                     else build_optimizer(self.model, lr=a.lr))
         self.host_setup.append(dict(phase='optimizer', **host_memory()))
         self.z_parts = []   # the z-loss part of every loss call since the last optimizer step (for the step log)
@@ -316,7 +320,7 @@ def _bench(a, dog):
                 overflow_gib=act.get('overflow_gib', 0.0) / max(1, (a.warmup + a.steps) * a.accum),
                 peak_gpu_gib=max(m['gpu_peak_gib'] for m in mem) if dev.type == 'cuda' else None, memory_phases=mem,
                 host_pinned_gib=act.get('host_pinned_gib', 0.0) + opt_pool.get('host_pinned_gib', 0.0),
-                opt_gpu_gib=getattr(run.opt, 'resident_gib', 0.0),
+                opt_gpu_gib=getattr(run.opt, 'resident_gib', 0.0), accum_gpu_gib=getattr(run.opt, 'accum_gpu_gib', 0.0),
                 router_max_mean=loads.max().item(), loss_first=losses[0], loss_last=losses[-1],
                 params=param_counts(cfg)['total'], host_peak_rss_gib=status_gib('VmHWM'), profile=prof, **phases, **link,
                 host_breakdown=dict(setup=run.host_setup, end=host_memory(), optimizer_pool=opt_pool,

@@ -287,11 +287,11 @@ def resident_bytes(p, group):
     "GPU bytes of a parameter kept resident: FP32 master, optimizer state and gradient accumulator."
     return p.numel() * 4 * (2 + _n_state(group))
 
-def choose_resident(params, budget):
-    "The parameters (of `(param, group)` pairs) kept on the GPU: first fit, in order, within `budget` bytes."
+def choose_resident(params, budget, cost=resident_bytes):
+    "The parameters (of `(param, group)` pairs) whose `cost` fits in `budget` bytes: first fit, in order."
     out = set()
     for p, g in params:
-        if resident_bytes(p, g) <= budget: out.add(p); budget -= resident_bytes(p, g)
+        if cost(p, g) <= budget: out.add(p); budget -= cost(p, g)
     return out
 
 class _Slot:
@@ -301,29 +301,32 @@ class _Slot:
         self.master = alloc(p.shape, torch.float32); self.master.copy_(p.detach())
         self.state = [alloc(p.shape, torch.float32).zero_() for _ in range(_n_state(group))]
         self.step = torch.tensor(0.0)
-        self.acc = None  # FP32 gradient accumulator: the optimizer makes it (host) or `_add` does (device)
+        self.acc = None  # FP32 gradient accumulator: the optimizer gives it one, on the host or on the GPU
     @property
     def nbytes(self): return self.master.numel() * 4
 
 # %% ../nbs/20_offload.ipynb #b8816668
 class OffloadOptimizer:
     "Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU (but for `gpu_bytes` of it)."
-    def __init__(self, model, accum='cpu', pool=None, chunk_bytes=512 * 2**20, gpu_bytes=0, **opt_kwargs):
+    def __init__(self, model, accum='cpu', pool=None, chunk_bytes=512 * 2**20, gpu_bytes=0, accum_gpu_bytes=0, **opt_kwargs):
         if accum not in ('cpu', 'gpu'): raise UsageError(f"--offload-accum must be cpu or gpu, got {accum!r}")
         self.reference = build_optimizer(model, **opt_kwargs)  # the groups and hyperparameters; its state stays empty
         self.accum, self.chunk_bytes = accum, chunk_bytes
         params = [(p, g) for g in self.reference.param_groups for p in g['params']]
         self.resident = choose_resident(params, gpu_bytes)
+        # FP32 accumulators on the GPU: all of them (gpu), or the resident ones and the first `accum_gpu_bytes` of the rest
+        self.gpu_accum = {p for p, _ in params} if accum == 'gpu' else self.resident | choose_resident(
+            [(p, g) for p, g in params if p not in self.resident], accum_gpu_bytes, cost=lambda p, g: p.numel() * 4)
         self.resident_gib = sum(resident_bytes(p, g) for p, g in params if p in self.resident) / GiB
+        self.accum_gpu_gib = sum(p.numel() * 4 for p, _ in params if p in self.gpu_accum and p not in self.resident) / GiB
         self.pool = pool or PinnedPool(self.host_bytes_needed())
         on_device = lambda p: lambda shape, dtype: torch.empty(shape, dtype=dtype, device=p.device)
         self.slots = [_Slot(p, g, on_device(p), True) if p in self.resident else _Slot(p, g, self._host) for p, g in params]
         for s in self.slots:  # now, not on first use: staging buffers taken meanwhile would eat the accumulators' budget
-            if s.resident: s.acc = torch.zeros(s.p.shape, device=s.p.device)
-            elif accum == 'cpu': s.acc = self._host(s.p.shape, torch.float32)
+            s.acc = torch.zeros(s.p.shape, device=s.p.device) if s.p in self.gpu_accum else self._host(s.p.shape, torch.float32)
         # the staging allowance too, with room for the largest gradient in one piece: activations offloaded meanwhile must
         # not take its host memory
-        self.pool.reserve(self.largest_grad() if accum == 'cpu' else 0)
+        self.pool.reserve(self.largest_grad())
         self.cuda = any(s.p.is_cuda for s in self.slots)
         self.h2d, self.d2h = (torch.cuda.Stream(), torch.cuda.Stream()) if self.cuda else (None, None)
         self.worker, self.pending, self.staged = ThreadPoolExecutor(1), [], defaultdict(list)   # staged: bytes -> futures
@@ -338,21 +341,20 @@ class OffloadOptimizer:
                                        '(`apex3 plan --config NAME --host-gib N` says how many fit)')
         return t
 
-    def _host_params(self):
-        return [(p, g) for g in self.reference.param_groups for p in g['params'] if p not in self.resident]
+    def _params(self): return [(p, g) for g in self.reference.param_groups for p in g['params']]
 
     def host_bytes_needed(self):
         "Pinned bytes for masters, state and host accumulators, plus staging for half the gradients in flight (at least the largest)."
-        per = [(p.numel(), _n_state(g), p.element_size()) for p, g in self._host_params()]
-        state = sum(n * 4 * (1 + k + (self.accum == 'cpu')) for n, k, _ in per)
+        state = sum(p.numel() * 4 * (1 + _n_state(g)) for p, g in self._params() if p not in self.resident)
+        accs = sum(p.numel() * 4 for p, _ in self._params() if p not in self.gpu_accum)
         # backward hands over gradients faster than the host adds them (C4: all of them in ~0.3 s, added in ~0.5 s): half of
         # them may wait on the host without stalling backward; more in flight waits (see `_stage`)
-        staging = max(sum(n * b for n, _, b in per) // 2, self.largest_grad()) if self.accum == 'cpu' else 0
-        return int(state + staging + 2**26)
+        staging = max(sum(p.numel() * p.element_size() for p, _ in self._params() if p not in self.gpu_accum) // 2, self.largest_grad())
+        return int(state + accs + staging + 2**26)
 
     def largest_grad(self):
         "Bytes of the largest gradient that goes to the host (0 if none does)."
-        return max((p.numel() * p.element_size() for p, _ in self._host_params()), default=0)
+        return max((p.numel() * p.element_size() for p, _ in self._params() if p not in self.gpu_accum), default=0)
 
     @property
     def param_groups(self): return self.reference.param_groups
@@ -363,15 +365,14 @@ class OffloadOptimizer:
 def _grad_hook(self, s):
     def hook(p):
         g, p.grad = p.grad, None  # the GPU copy is freed as soon as it is on its way
-        on_device = self.accum == 'gpu' or s.resident
-        if on_device or not g.is_cuda: return self._add(s, g, s.p.device if on_device else 'cpu')
+        if s.p in self.gpu_accum or not g.is_cuda: return self._add(s, g)
         stage, pooled = self._stage(g)
         self.d2h.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.d2h):
             stage.copy_(g, non_blocking=True); g.record_stream(self.d2h)
             done = torch.cuda.Event(); done.record()
         def land():
-            done.synchronize(); self._add(s, stage, 'cpu')
+            done.synchronize(); self._add(s, stage)
             if pooled: self.pool.release(stage)
         self.pending.append((s, fut := self.worker.submit(land)))
         if pooled: self.staged[g.nbytes].append(fut)   # frees a pooled buffer of this size when it lands
@@ -394,12 +395,11 @@ def _stage(self, g):
     self.staging['staging_unpooled_gib'] += g.nbytes / GiB
     return torch.empty(g.shape, dtype=g.dtype, pin_memory=True), False
 
-def _add(self, s, g, device):
-    "Accumulate gradient `g` of slot `s` in FP32 on `device`."
-    if s.acc is None: s.acc = self._host(s.p.shape, torch.float32) if device == 'cpu' else torch.zeros(s.p.shape, device=device)
+def _add(self, s, g):
+    "Accumulate gradient `g` of slot `s` into its FP32 accumulator, wherever that lives."
     if s.fresh: s.acc.copy_(g); s.fresh = False
-    elif device == 'cpu': accumulate_(s.acc, g)
-    else: s.acc.add_(g.float())
+    elif s.acc.is_cuda: s.acc.add_(g.float())
+    else: accumulate_(s.acc, g)
 
 def _wait(self):
     "Block until every gradient has landed in its accumulator."

@@ -465,6 +465,7 @@ def _step(self):
     bufs, back = (_buffers(streamed, streamed[0][0].p.device), [None, None]) if streamed else (None, None)
     stream = lambda st: torch.cuda.stream(st) if self.cuda else contextlib.nullcontext()
     turn = itertools.count()   # streamed chunks alternate between the two buffers
+    on_device = lambda s: s.acc.device == s.p.device   # its gradient needs no trip up
     for chunk in chunks:
         tw = time.perf_counter()
         for s in chunk:
@@ -476,7 +477,6 @@ def _step(self):
             continue
         b = next(turn) % 2
         views = _chunk_views(bufs[b], chunk)
-        on_device = lambda s: s.acc.device == s.p.device   # GPU accumulation: the gradient is there already
         with stream(self.h2d):
             if back[b] is not None: self.h2d.wait_event(back[b])   # the buffer's last chunk has gone back down
             for s, (m, g, st) in zip(chunk, views):

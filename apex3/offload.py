@@ -328,7 +328,8 @@ class OffloadOptimizer:
         # not take its host memory
         self.pool.reserve(self.largest_grad())
         self.cuda = any(s.p.is_cuda for s in self.slots)
-        self.h2d, self.d2h = (torch.cuda.Stream(), torch.cuda.Stream()) if self.cuda else (None, None)
+        dev = self.slots[0].p.device   # the streams on the model's GPU, whichever is current
+        self.h2d, self.d2h = (torch.cuda.Stream(dev), torch.cuda.Stream(dev)) if self.cuda else (None, None)
         self.worker, self.pending, self.staged = ThreadPoolExecutor(1), [], defaultdict(list)   # staged: bytes -> futures
         self.timings = dict(wait_s=0.0, stream_s=0.0)   # of the last step: the host accumulation tail, then the streamed update
         self.staging = dict(staging_waits=0, staging_wait_s=0.0, staging_unpooled_gib=0.0)   # since construction: see `_stage`
@@ -370,7 +371,7 @@ def _grad_hook(self, s):
         self.d2h.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.d2h):
             stage.copy_(g, non_blocking=True); g.record_stream(self.d2h)
-            done = torch.cuda.Event(); done.record()
+            done = torch.cuda.Event(blocking=True); done.record()   # the host thread sleeps on it instead of spinning a core
         def land():
             done.synchronize(); self._add(s, stage)
             if pooled: self.pool.release(stage)

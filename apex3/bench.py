@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['log', 'KERNEL_KINDS', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_config', 'micro_flops',
            'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'check_host_memory', 'micro_step',
-           'optimizer_step', 'random_tokens', 'measure_link', 'kernel_kind', 'overlap_s', 'profile_phase', 'status_gib',
-           'host_memory', 'phase_memory', 'bench', 'HostWatchdog', 'bench_main', 'main', 'plot_memory_phases',
-           'host_parts', 'plot_host_breakdown', 'plot_predicted_vs_measured']
+           'optimizer_step', 'random_tokens', 'copy_gbs', 'measure_link', 'kernel_kind', 'overlap_s', 'kernel_spans',
+           'profile_phase', 'status_gib', 'host_memory', 'phase_memory', 'bench', 'HostWatchdog', 'bench_main', 'main',
+           'plot_memory_phases', 'host_parts', 'plot_host_breakdown', 'plot_predicted_vs_measured']
 
 # %% ../nbs/25_bench.ipynb #55058469
 import contextlib, dataclasses, functools, logging, math, os, statistics, sys, threading, time
@@ -183,22 +183,25 @@ def random_tokens(cfg, micro_bs, gen, device):
     return (x + (x >= cfg.eos_id)).to(device, non_blocking=True)   # skips the EOS id wherever it sits (our corpus uses 0)
 
 # %% ../nbs/25_bench.ipynb #16952904
+def copy_gbs(lanes, repeats=3):
+    "GB/s of `lanes` of copies run at once, each a `(stream, [(dst, src), ...])` whose copies go in order on its stream; best of `repeats`."
+    best = math.inf
+    for _ in range(repeats):
+        torch.cuda.synchronize(); t0 = time.perf_counter()
+        for stream, copies in lanes:
+            with torch.cuda.stream(stream):
+                for dst, src in copies: dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize(); best = min(best, time.perf_counter() - t0)
+    return round(sum(src.nbytes for _, copies in lanes for _, src in copies) / best / 1e9, 1)
+
 def measure_link(nbytes=2**28, repeats=3):   # small: PyTorch keeps these pinned buffers cached for the whole run
     "Pinned host→device, device→host, and both at once (`duplex_gbs`, the two directions together) GB/s, best of `repeats`."
     if not torch.cuda.is_available(): return dict(h2d_gbs=None, d2h_gbs=None, duplex_gbs=None)
     host, back = (torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(2))
     dev, out = (torch.empty(nbytes, dtype=torch.uint8, device='cuda') for _ in range(2))
-    streams = torch.cuda.Stream(), torch.cuda.Stream()
-    def rate(*copies):   # (dst, src) pairs, each on its own stream
-        best = math.inf
-        for _ in range(repeats):
-            torch.cuda.synchronize(); t0 = time.perf_counter()
-            for (dst, src), st in zip(copies, streams):
-                with torch.cuda.stream(st): dst.copy_(src, non_blocking=True)
-            torch.cuda.synchronize(); best = min(best, time.perf_counter() - t0)
-        return round(len(copies) * nbytes / best / 1e9, 1)
+    up, down = (torch.cuda.Stream(), [(dev, host)]), (torch.cuda.Stream(), [(back, out)])
     # the optimizer step streams both ways at once: a link that is not full duplex serialises them
-    return dict(h2d_gbs=rate((dev, host)), d2h_gbs=rate((back, out)), duplex_gbs=rate((dev, host), (back, out)))
+    return dict(h2d_gbs=copy_gbs([up], repeats), d2h_gbs=copy_gbs([down], repeats), duplex_gbs=copy_gbs([up, down], repeats))
 
 # %% ../nbs/25_bench.ipynb #91e4a46f
 def _sync(device):
@@ -228,6 +231,15 @@ def overlap_s(a, b) -> float:
         else: j += 1
     return t
 
+def kernel_spans(prof) -> dict:
+    "(start, end) µs of a profile's GPU work: host-to-device copies, device-to-host copies, and compute (any other kernel)."
+    spans = {'HtoD': [], 'DtoH': [], 'compute': []}
+    for e in prof.events():
+        if e.device_type.name != 'CUDA' or e.time_range.end <= e.time_range.start: continue
+        k = next((k for k in ('HtoD', 'DtoH') if k in e.name), None if kernel_kind(e.name) == 'copy' else 'compute')
+        if k: spans[k].append((e.time_range.start, e.time_range.end))
+    return spans
+
 def profile_phase(fn, device, top=8) -> dict:
     "Run `fn` once under the profiler: wall seconds, GPU-busy seconds by kind of kernel, the top kernels, and how long copies ran both ways at once."
     from torch.profiler import profile, ProfilerActivity
@@ -241,11 +253,7 @@ def profile_phase(fn, device, top=8) -> dict:
     for e in kernels:
         kind = kernel_kind(e.key); by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e6
     top_k = sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]
-    spans = {'HtoD': [], 'DtoH': [], 'compute': []}
-    for e in prof.events():
-        if e.device_type.name != 'CUDA' or e.time_range.end <= e.time_range.start: continue
-        k = next((k for k in ('HtoD', 'DtoH') if k in e.name), None if kernel_kind(e.name) == 'copy' else 'compute')
-        if k: spans[k].append((e.time_range.start, e.time_range.end))
+    spans = kernel_spans(prof)
     # a full-duplex link runs both directions at once; copies under compute are hidden from the wall clock
     return dict(wall_s=wall, busy_s=sum(by_kind.values()), by_kind=by_kind, duplex_s=overlap_s(spans['HtoD'], spans['DtoH']) / 1e6,
                 hidden_s=overlap_s(spans['HtoD'] + spans['DtoH'], spans['compute']) / 1e6,

@@ -2,7 +2,7 @@
 usage: python3 tools/link_probe.py OUT.json [CONFIG]   (without CUDA: a dry run of the optimizer part only)"""
 import json, sys, time
 import torch
-from apex3.bench import overlap_s
+from apex3.bench import copy_gbs, kernel_spans, overlap_s
 from apex3.config import get_config
 from apex3.model import Transformer
 from apex3.offload import OffloadOptimizer
@@ -10,34 +10,15 @@ from apex3.offload import OffloadOptimizer
 def _sync():
     if torch.cuda.is_available(): torch.cuda.synchronize()
 
-def timed(fn, repeats=3):
-    best = float('inf')
-    for _ in range(repeats):
-        _sync(); t0 = time.perf_counter(); fn(); _sync(); best = min(best, time.perf_counter() - t0)
-    return best
-
 def link_pairs(n=2**28, n_streams=6):
     "Both-ways GB/s of one H2D and one D2H of `n` bytes: for every ordered pair of streams, on one stream, and cut in pieces."
     host, back = (torch.empty(n, dtype=torch.uint8, pin_memory=True) for _ in range(2))
     dev, out = (torch.empty(n, dtype=torch.uint8, device='cuda') for _ in range(2))
     streams = [torch.cuda.Stream() for _ in range(n_streams)]
-    def rate(up, down, pieces=1):
-        def run():
-            with torch.cuda.stream(up):
-                for d, h in zip(dev.chunk(pieces), host.chunk(pieces)): d.copy_(h, non_blocking=True)
-            with torch.cuda.stream(down):
-                for b, o in zip(back.chunk(pieces), out.chunk(pieces)): b.copy_(o, non_blocking=True)
-        return round(2 * n / timed(run) / 1e9, 1)
+    rate = lambda up, down, pieces=1: copy_gbs([(up, list(zip(dev.chunk(pieces), host.chunk(pieces)))),
+                                                (down, list(zip(back.chunk(pieces), out.chunk(pieces))))])
     return dict(pairs={f'{a}->{b}': rate(streams[a], streams[b]) for a in range(n_streams) for b in range(n_streams) if a != b},
                 same_stream=rate(streams[0], streams[0]), pieces={k: rate(streams[0], streams[1], k) for k in (1, 8, 64)})
-
-def copy_spans(prof):
-    "(start, end) µs of each host-to-device and device-to-host copy in a profile."
-    spans = {'HtoD': [], 'DtoH': []}
-    for e in prof.events():
-        for k in spans:
-            if e.device_type.name == 'CUDA' and k in e.name: spans[k].append((e.time_range.start, e.time_range.end))
-    return spans
 
 def optimizer_step_probe(config, device, chunk_mib):
     "One offloaded optimizer step of `config` with two layers under the profiler: wall, copy seconds each way, both ways at once."
@@ -53,7 +34,7 @@ def optimizer_step_probe(config, device, chunk_mib):
     with profile(activities=acts) as prof:
         opt.step(); _sync()
     wall = time.perf_counter() - t0
-    spans = copy_spans(prof)
+    spans = {k: v for k, v in kernel_spans(prof).items() if k != 'compute'}
     t0 = min((s for v in spans.values() for s, _ in v), default=0)
     timeline = sorted((round((s - t0) / 1e3, 2), round((e - s) / 1e3, 2), k) for k, v in spans.items() for s, e in v)   # ms
     return dict(wall_s=wall, **{f'{k}_s': sum(e - s for s, e in v) / 1e6 for k, v in spans.items()},

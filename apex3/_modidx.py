@@ -451,6 +451,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload.OffloadOptimizer': ('offload.html#offloadoptimizer', 'apex3/offload.py'),
                                'apex3.offload.OffloadOptimizer.__init__': ('offload.html#offloadoptimizer.__init__', 'apex3/offload.py'),
                                'apex3.offload.OffloadOptimizer._host': ('offload.html#offloadoptimizer._host', 'apex3/offload.py'),
+                               'apex3.offload.OffloadOptimizer._host_accumulated': ( 'offload.html#offloadoptimizer._host_accumulated',
+                                                                                     'apex3/offload.py'),
                                'apex3.offload.OffloadOptimizer._params': ('offload.html#offloadoptimizer._params', 'apex3/offload.py'),
                                'apex3.offload.OffloadOptimizer.host_bytes_needed': ( 'offload.html#offloadoptimizer.host_bytes_needed',
                                                                                      'apex3/offload.py'),

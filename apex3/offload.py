@@ -312,7 +312,7 @@ class OffloadOptimizer:
         if accum not in ('cpu', 'gpu'): raise UsageError(f"--offload-accum must be cpu or gpu, got {accum!r}")
         self.reference = build_optimizer(model, **opt_kwargs)  # the groups and hyperparameters; its state stays empty
         self.accum, self.chunk_bytes = accum, chunk_bytes
-        params = [(p, g) for g in self.reference.param_groups for p in g['params']]
+        params = self._params()
         self.resident = choose_resident(params, gpu_bytes)
         # FP32 accumulators on the GPU: all of them (gpu), or the resident ones and the first `accum_gpu_bytes` of the rest
         self.gpu_accum = {p for p, _ in params} if accum == 'gpu' else self.resident | choose_resident(
@@ -344,18 +344,20 @@ class OffloadOptimizer:
 
     def _params(self): return [(p, g) for g in self.reference.param_groups for p in g['params']]
 
+    def _host_accumulated(self): return [p for p, _ in self._params() if p not in self.gpu_accum]
+
     def host_bytes_needed(self):
         "Pinned bytes for masters, state and host accumulators, plus staging for half the gradients in flight (at least the largest)."
         state = sum(p.numel() * 4 * (1 + _n_state(g)) for p, g in self._params() if p not in self.resident)
-        accs = sum(p.numel() * 4 for p, _ in self._params() if p not in self.gpu_accum)
+        accs = sum(p.numel() * 4 for p in self._host_accumulated())
         # backward hands over gradients faster than the host adds them (C4: all of them in ~0.3 s, added in ~0.5 s): half of
         # them may wait on the host without stalling backward; more in flight waits (see `_stage`)
-        staging = max(sum(p.numel() * p.element_size() for p, _ in self._params() if p not in self.gpu_accum) // 2, self.largest_grad())
+        staging = max(sum(p.numel() * p.element_size() for p in self._host_accumulated()) // 2, self.largest_grad())
         return int(state + accs + staging + 2**26)
 
     def largest_grad(self):
         "Bytes of the largest gradient that goes to the host (0 if none does)."
-        return max((p.numel() * p.element_size() for p, _ in self._params() if p not in self.gpu_accum), default=0)
+        return max((p.numel() * p.element_size() for p in self._host_accumulated()), default=0)
 
     @property
     def param_groups(self): return self.reference.param_groups

@@ -446,14 +446,38 @@ def _chunk_views(buf, chunk):
         off += k
     return out
 
-def _buffers(chunks, device):
-    "Two flat FP32 buffers on `device`, each large enough for the masters, gradients and state of any chunk."
-    n = max(sum(s.master.numel() for s in c) * (2 + len(c[0].state)) for c in chunks)
-    return [torch.empty(n, device=device) for _ in range(2)]
+class _Ring:
+    "Device memory for the chunks in flight, two halves filled from their starts: a chunk goes where the write-backs it must wait for are oldest."
+    def __init__(self, half, device):
+        self.buf, self.half = torch.empty(2 * half, device=device), half
+        self.lent, self.done, self.count = [], -1, 0   # (start, end, order, event) still read; waited for up to order `done`
+
+    def take(self, numel):
+        "`numel` elements, and the event of the last write-back still reading any of them (None: nothing to wait for)."
+        h = self.half
+        # where a chunk can start: a half's start, or the end of a lent region, if it then stays within that half
+        starts = [a for a in {0, h, *(e for _, e, _, _ in self.lent)} if a + numel <= (h if a < h else 2 * h)]
+        readers = lambda a: [x for x in self.lent if x[0] < a + numel and a < x[1]]
+        latest = lambda a: max(readers(a), key=lambda x: x[2], default=None)
+        # the oldest last reader; never the chunk before, which the other half's start does not touch
+        start = min(starts, key=lambda a: (-1 if (x := latest(a)) is None else x[2], a))
+        region, last = self.buf[start:start + numel], latest(start)
+        if last is None: return region, None
+        self.done = last[2]   # write-backs run in order on one stream: the older ones are done when this one is
+        self.lent = [x for x in self.lent if x[2] > self.done]
+        return region, last[3]
+
+    def lend(self, region, event):
+        "Record that `region` is read by the write-back that `event` marks the end of."
+        self.lent.append((region.storage_offset(), region.storage_offset() + region.numel(), self.count, event)); self.count += 1
+
+def _chunk_numel(chunk):
+    "FP32 elements a chunk takes on the device: masters, gradients and state."
+    return sum(s.master.numel() for s in chunk) * (2 + len(chunk[0].state))
 
 @torch.no_grad()
 def _step(self):
-    "One optimizer step over every parameter that received a gradient, streamed chunk by chunk through two buffers."
+    "One optimizer step over every parameter that received a gradient, streamed chunk by chunk through a ring of device memory."
     t0, waited = time.perf_counter(), 0.0
     landing = defaultdict(list)   # slot -> gradients still on their way to its host accumulator
     for s, f in self.pending: landing[s].append(f)
@@ -465,9 +489,9 @@ def _step(self):
     arrival = {s: i for i, (s, _) in enumerate(self.pending)}   # a slot's last gradient of this step
     chunks = sorted(self._chunks(landing), key=lambda c: max(arrival.get(s, -1) for s in c))
     streamed = [c for c in chunks if not c[0].resident]
-    bufs, back = (_buffers(streamed, streamed[0][0].p.device), [None, None]) if streamed else (None, None)
+    # halves of the largest chunk: a chunk never waits for the one before it
+    ring = _Ring(max(map(_chunk_numel, streamed)), streamed[0][0].p.device) if streamed else None
     stream = lambda st: torch.cuda.stream(st) if self.cuda else contextlib.nullcontext()
-    turn = itertools.count()   # streamed chunks alternate between the two buffers
     on_device = lambda s: s.acc.device == s.p.device   # its gradient needs no trip up
     for chunk in chunks:
         tw = time.perf_counter()
@@ -478,10 +502,10 @@ def _step(self):
             _update(chunk, [s.master for s in chunk], [s.state for s in chunk], [s.acc for s in chunk])
             for s in chunk: s.p.copy_(s.master); s.fresh = True
             continue
-        b = next(turn) % 2
-        views = _chunk_views(bufs[b], chunk)
+        region, written_back = ring.take(_chunk_numel(chunk))
+        views = _chunk_views(region, chunk)
         with stream(self.h2d):
-            if back[b] is not None: self.h2d.wait_event(back[b])   # the buffer's last chunk has gone back down
+            if written_back is not None: self.h2d.wait_event(written_back)   # what last used this memory has gone down
             for s, (m, g, st) in zip(chunk, views):
                 m.copy_(s.master, non_blocking=True)
                 for d, h in zip(st, s.state): d.copy_(h, non_blocking=True)
@@ -495,9 +519,9 @@ def _step(self):
             for s, (m, _, st) in zip(chunk, views):
                 s.master.copy_(m, non_blocking=True)
                 for h, d in zip(s.state, st): h.copy_(d, non_blocking=True)
-            if self.cuda: back[b] = torch.cuda.Event(); back[b].record()
+            if self.cuda: (done := torch.cuda.Event()).record(); ring.lend(region, done)
         for s in chunk: s.fresh = True
-    if self.cuda: self.d2h.synchronize()   # the buffers are free again when this returns
+    if self.cuda: self.d2h.synchronize()   # the ring is free again when this returns
     self.wait()   # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
     total = time.perf_counter() - t0
     self.timings = dict(wait_s=waited, stream_s=total - waited)

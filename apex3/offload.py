@@ -225,8 +225,8 @@ ActivationOffload.pack = _pack
 
 # %% ../nbs/20_offload.ipynb #bbff46ab
 def _fetch(self, h):
-    "Start copying `h` back to its device (once)."
-    if h.back is not None: return
+    "Start copying `h` back to its device (once; never again after its last use)."
+    if h.back is not None or h.uses <= 0: return
     self.fetched += h.flat.nbytes
     if self.stream is not None and h.device.type == 'cuda':
         with torch.cuda.stream(self.fetch_stream):
@@ -241,6 +241,7 @@ def _prefetch(self, i):
     ahead = 0
     for h in reversed(self.handles[:i]):
         if ahead >= self.prefetch_bytes: break
+        if h.uses <= 0: continue   # already used up: a compiled block unpacks what it saved in the forward order
         self._fetch(h); ahead += h.flat.nbytes
 
 def _prefetch_tail(self):

@@ -5,10 +5,10 @@
 # %% auto #0
 __all__ = ['GPUS', 'RECOMPUTE', 'GiB', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACTION', 'BYTES', 'GPU_CAP', 'REAL_RUNS', 'LINKS',
            'GEMM_SAVED', 'ACT_BYTES_PER_TOKEN_D', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB', 'HOST_SLAB_WASTE',
-           'KERNEL_EFF', 'parse_number', 'fmt_count', 'GPU', 'find_gpu', 'gpu_table', 'model_shape', 'train_flops',
-           'recompute_flops', 'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose', 'Serving',
-           'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs', 'plan', 'validation_table', 'link_speed',
-           'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main', 'gpus_main']
+           'KERNEL_EFF', 'HOST_ACCUM_PER_S', 'parse_number', 'fmt_count', 'GPU', 'find_gpu', 'gpu_table', 'model_shape',
+           'train_flops', 'recompute_flops', 'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose',
+           'Serving', 'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs', 'plan', 'validation_table',
+           'link_speed', 'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main', 'gpus_main']
 
 # %% ../nbs/00_plan.ipynb #3119e2a9
 import dataclasses, difflib, functools, json, math, re
@@ -413,6 +413,7 @@ class OffloadPlan:
     gpu_gib: float; gpu_budget_gib: float; host_gib: float; host_budget_gib: float
     act_offloaded_gib: float; compute_s: float; link_s: float; micro_s: float; optimizer_s: float
     step_s: float; mfu_at_batch: float; bound: str; accum_on: str; act_budget: float; act_offload: int; resident_gib: float
+    host_s: float = 0.0   # the host's gradient additions of one micro-batch (--offload-accum cpu)
     def flags(self):
         "The trainer and benchmark flags this plan recommends."
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
@@ -425,7 +426,8 @@ class OffloadPlan:
         return (f'One-GPU offload plan: config {self.config} with {self.layers} layers{fit} on 1 x {self.gpu}\n'
                 f'  GPU memory   {self.gpu_gib:.1f} of {self.gpu_budget_gib:.0f} GiB budget (optimizer state kept: {self.resident_gib:g} GiB)\n'
                 f'  Host memory  {self.host_gib:.1f} of {self.host_budget_gib:.0f} GiB budget (activations offloaded: {self.act_offloaded_gib:.1f} GiB)\n'
-                f'  Micro-batch  {self.micro_s:.2f} s ({self.bound}-bound: compute {self.compute_s:.2f} s, link {self.link_s:.2f} s)\n'
+                f'  Micro-batch  {self.micro_s:.2f} s ({self.bound}-bound: compute {self.compute_s:.2f} s, link {self.link_s:.2f} s, '
+                f'host additions {self.host_s:.2f} s)\n'
                 f'  Step         {self.step_s:.1f} s = {self.accum} x {self.micro_s:.2f} s + optimizer {self.optimizer_s:.1f} s; MFU at batch {self.mfu_at_batch:.2f}\n'
                 f'  Flags        {self.flags()}')
 
@@ -436,6 +438,7 @@ PUBLISHED_ACT_OFFLOAD = 72                           # --act-offload of the publ
 HOST_OVERHEAD_GIB = 3                                # the process beside its pinned pools (1.9 GiB measured, C4-C7)
 HOST_SLAB_WASTE = 1.06                               # pinned slabs over what is cut from them (20_offload, C's sizes)
 KERNEL_EFF = 0.57                                    # a micro-batch of C, fraction of the BF16 peak (records)
+HOST_ACCUM_PER_S = 11.9e9                            # fp32 += bf16 elements a second, the H200 machine's host (20_offload)
 
 def _per_param(c, counts, accum_on):
     "Optimizer bytes per parameter, Muon and AdamW averaged: what it keeps and streams up in a step; what comes back down."
@@ -476,18 +479,20 @@ def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offlo
     return _offload_budgets(cfg, param_counts(cfg), SimpleNamespace(mem_gb=gpu_mem_gib), micro_bs, act_budget, accum_on,
                             act_offload, overhead_gib=overhead_gib, resident_gib=resident_gib)[1] / GiB
 
-def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kernel_eff, kept=0):
-    "Compute and link seconds per micro-batch, and the optimizer step's seconds."
+def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kernel_eff, kept=0, host_accum_per_s=HOST_ACCUM_PER_S):
+    "Compute, link and host-addition seconds per micro-batch, and the optimizer step's seconds."
     N, T, (up, down) = counts['total'], micro_bs * c.seq_len, _per_param(c, counts, accum_on)
     flops = (6 * counts['active_matmul'] + 12 * c.n_layers * c.n_heads * c.head_dim * c.seq_len) * T
     compute = flops / (gpu.peak('bf16') * kernel_eff)
     link = ((2 * (N - kept) if accum_on == 'cpu' else 0) + 2 * offloaded) / (link_gbs * 1e9)
     opt = (up + down) * (N - kept) / (link_gbs * 1e9)     # the two directions one after the other, as measured
-    return flops, compute, link, opt
+    host = (N - kept) / host_accum_per_s if accum_on == 'cpu' else 0.0
+    return flops, compute, link, host, opt
 
 # %% ../nbs/00_plan.ipynb #4076adc5
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=0.15,
-                 kernel_eff=KERNEL_EFF, layers=None, offload_accum=None, act_offload=None, offload_gpu_gib=None) -> OffloadPlan:
+                 kernel_eff=KERNEL_EFF, layers=None, offload_accum=None, act_offload=None, offload_gpu_gib=None,
+                 host_accum_per_s=HOST_ACCUM_PER_S) -> OffloadPlan:
     "Plan one-GPU training with host offload: memory on both sides, step time, and the flags; fewer layers if the host is short."
     from apex3.config import get_config, param_counts
     from dataclasses import replace
@@ -509,14 +514,14 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
         gpu_b, host_b, off, kept = budgets(accum_on, resident_gib=keep)
         if (gpu_b / GiB <= gpu_budget and host_b / GiB <= host_budget) or layers: break
     else: raise UsageError(f'config {base.name} does not fit one {g.name} with {host_gib:g} GiB of host memory even with 1 layer')
-    flops, compute, link, opt = _offload_times(c, n, g, micro_bs, off, accum_on, link_gbs, kernel_eff, kept)
-    micro = max(compute, link); step = accum * micro + opt
+    flops, compute, link, host, opt = _offload_times(c, n, g, micro_bs, off, accum_on, link_gbs, kernel_eff, kept, host_accum_per_s)
+    times = dict(compute=compute, link=link, host=host)
+    bound = max(times, key=times.get); micro = times[bound]; step = accum * micro + opt
     return OffloadPlan(base.name, g.name, L, base.n_layers, micro_bs, accum, c.seq_len, gpu_b / GiB, gpu_budget,
                        host_b / GiB, host_budget, off / GiB, compute, link, micro, opt, step,
-                       accum * flops / (step * g.peak('bf16')), 'compute' if compute >= link else 'link', accum_on, act_budget,
-                       act_n, keep)
+                       accum * flops / (step * g.peak('bf16')), bound, accum_on, act_budget, act_n, keep, host_s=host)
 
-# %% ../nbs/00_plan.ipynb #0b71b21b
+# %% ../nbs/00_plan.ipynb #54cff54c
 def _plan_parser():
     p = ArgParser(prog='apex3 plan', description='Plan a training run: GPUs, layout, memory per GPU, days, serving.')
     p.add_argument('params', nargs='?', help='total parameters (21B, 1.5T, 32e9); or give --config')
@@ -544,6 +549,8 @@ def _plan_parser():
     one.add_argument('--act-offload', type=int, help='GEMM inputs sent to the host per micro-batch (default: 0 when the GPU holds '
                      f'them, else the published {PUBLISHED_ACT_OFFLOAD})')
     one.add_argument('--offload-gpu-gib', type=float, help='GiB of optimizer state kept on the GPU (default: what its budget leaves)')
+    one.add_argument('--host-accum-rate', type=float, default=HOST_ACCUM_PER_S / 1e9,
+                     help='the host\'s fp32 += bf16 additions, billions of elements a second (default: %(default)s, the H200 machine)')
     return p
 
 def plan_main(argv=()):
@@ -552,8 +559,9 @@ def plan_main(argv=()):
     if a.host_gib is not None:
         if not a.config: raise UsageError('--host-gib plans one-GPU offload training of a model config: add --config NAME')
         if a.precision: raise UsageError('--precision is not a choice of the one-GPU plan: its compute rate is measured with the published FP8 line')
-        op = offload_plan(a.config, a.gpu, a.host_gib, a.link_gbs, a.micro_bs, a.accum, offload_accum=a.offload_accum,
-                          act_offload=a.act_offload, offload_gpu_gib=a.offload_gpu_gib)
+        if a.host_accum_rate <= 0: raise UsageError(f'--host-accum-rate is a rate: above 0, not {a.host_accum_rate:g}')
+        op = offload_plan(a.config, a.gpu, a.host_gib, a.link_gbs, a.micro_bs, a.accum, layers=a.layers, offload_accum=a.offload_accum,
+                          act_offload=a.act_offload, offload_gpu_gib=a.offload_gpu_gib, host_accum_per_s=a.host_accum_rate * 1e9)
         print(json.dumps(dataclasses.asdict(op) | dict(flags=op.flags()), indent=1) if a.json else op)
         return 0
     p = plan(a.params, a.active, a.tokens, a.gpu, a.gpus, 90 if a.days is None else a.days, a.precision or 'bf16', a.optimizer,

@@ -298,6 +298,7 @@ def _bench(a, dog):
         last = step == a.warmup + a.steps - 1   # its memory is read phase by phase (after each synchronising .item())
         if last: mem = [dict(phase='earlier steps', **phase_memory(dev))]   # the GPU peak of warm-up and earlier steps
         dog.state['phase'] = f'step {step}'
+        if step == a.warmup: staged = dict(getattr(run.opt, 'staging', {}))   # counters since construction, compilation included
         _sync(dev); t_step = time.perf_counter(); times = []
         for i in range(a.accum):
             x = random_tokens(cfg, a.micro_bs, gen, dev)
@@ -314,6 +315,8 @@ def _bench(a, dog):
     opt_pool = run.opt.pool.stats() if a.offload else {}
     step_s = statistics.median(step_times)
     phases = {k: statistics.median(t[k] for t in opt_times) for k in opt_times[0]}   # optimizer_s, and wait_s/stream_s offloaded
+    # per timed step: how long its backward passes waited for the host's additions, and the staging that missed the pool
+    phases |= {f'{k}_per_step': (v - staged[k]) / a.steps for k, v in getattr(run.opt, 'staging', {}).items()}
     prof = None
     if a.profile:   # after the timing, so the profiler's overhead touches no timed figure
         x = random_tokens(cfg, a.micro_bs, gen, dev)

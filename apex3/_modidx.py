@@ -505,6 +505,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload.accum_kernel': ('offload.html#accum_kernel', 'apex3/offload.py'),
                                'apex3.offload.accumulate_': ('offload.html#accumulate_', 'apex3/offload.py'),
                                'apex3.offload.choose_resident': ('offload.html#choose_resident', 'apex3/offload.py'),
+                               'apex3.offload.cut': ('offload.html#cut', 'apex3/offload.py'),
                                'apex3.offload.dense': ('offload.html#dense', 'apex3/offload.py'),
                                'apex3.offload.gemm_offload_hooks': ('offload.html#gemm_offload_hooks', 'apex3/offload.py'),
                                'apex3.offload.host_available_bytes': ('offload.html#host_available_bytes', 'apex3/offload.py'),

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['log', 'GiB', 'SLAB_BYTES', 'ALIGN', 'HOST_SPARE', 'host_available_bytes', 'PinnedPool', 'accum_kernel', 'accumulate_',
            'dense', 'ActivationOffload', 'is_gemm_module', 'gemm_offload_hooks', 'resident_bytes', 'choose_resident',
-           'OffloadOptimizer']
+           'OffloadOptimizer', 'cut']
 
 # %% ../nbs/20_offload.ipynb #b5b880af
 import contextlib, ctypes, itertools, logging, os, threading, time, weakref
@@ -413,16 +413,19 @@ def _wait(self):
 OffloadOptimizer._grad_hook, OffloadOptimizer._stage, OffloadOptimizer._add, OffloadOptimizer.wait = _grad_hook, _stage, _add, _wait
 
 # %% ../nbs/20_offload.ipynb #53f2251b
+def cut(items, limit, size):
+    "Consecutive runs of `items` of at most `limit` bytes (`size(item)` each), but for an item over the limit, a run of its own."
+    out, cur, n = [], [], 0
+    for x in items:
+        if cur and n + size(x) > limit: out.append(cur); cur, n = [], 0
+        cur.append(x); n += size(x)
+    return out + [cur] if cur else out
+
 def _chunks(self, landing=()):
     "Slots that received a gradient (landed, or in `landing`), by optimizer group and residence, cut into chunks of about `chunk_bytes`."
-    out = []
-    for g, resident in itertools.product(self.param_groups, (True, False)):
-        cur, n = [], 0
-        for s in (s for s in self.slots if s.group is g and s.resident == resident and (not s.fresh or s in landing)):
-            if cur and n + s.nbytes > self.chunk_bytes: out.append(cur); cur, n = [], 0
-            cur.append(s); n += s.nbytes
-        if cur: out.append(cur)
-    return out
+    return [c for g, resident in itertools.product(self.param_groups, (True, False))
+            for c in cut([s for s in self.slots if s.group is g and s.resident == resident and (not s.fresh or s in landing)],
+                         self.chunk_bytes, lambda s: s.nbytes)]
 
 def _update(chunk, m, st, gr):
     "Run the group's update on device tensors of one chunk."

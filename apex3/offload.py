@@ -421,33 +421,48 @@ def cut(items, limit, size):
         cur.append(x); n += size(x)
     return out + [cur] if cur else out
 
+class _Piece:
+    "A slot, or a part of it that updates on its own: a range of experts of a stacked Muon matrix, a flat range of an AdamW one."
+    def __init__(self, s, part=None):
+        self.slot, self.group = s, s.group
+        view = (lambda t: t) if part is None else (lambda t: t[part]) if 'momentum' in s.group else (lambda t: t.view(-1)[part])
+        self.p, self.master, self.acc, self.state = view(s.p.data), view(s.master), view(s.acc), [view(x) for x in s.state]
+        self.numel = self.master.numel()
+
+def _pieces(s, limit):
+    "Slot `s` cut into about equal pieces of at most `limit` bytes of master, where its update allows (whole otherwise)."
+    muon = 'momentum' in s.group
+    if s.nbytes <= limit or (muon and s.master.ndim != 3): return [_Piece(s)]
+    n = s.master.shape[0] if muon else s.master.numel()   # experts, or elements
+    k = min(n, -(-s.nbytes // limit))
+    ends = [n * i // k for i in range(k + 1)]
+    return [_Piece(s, slice(a, b)) for a, b in zip(ends, ends[1:])]
+
 def _chunks(self, landing=()):
-    "Slots that received a gradient (landed, or in `landing`), by optimizer group and residence, cut into chunks of about `chunk_bytes`."
+    "Pieces of the slots that received a gradient (landed, or in `landing`), by group and residence, in chunks of about `chunk_bytes`."
     return [c for g, resident in itertools.product(self.param_groups, (True, False))
-            for c in cut([s for s in self.slots if s.group is g and s.resident == resident and (not s.fresh or s in landing)],
-                         self.chunk_bytes, lambda s: s.nbytes)]
+            for c in cut([pc for s in self.slots if s.group is g and s.resident == resident and (not s.fresh or s in landing)
+                          for pc in _pieces(s, self.chunk_bytes)], self.chunk_bytes, lambda pc: pc.numel * 4)]
 
 def _update(chunk, m, st, gr):
-    "Run the group's update on device tensors of one chunk."
+    "Run the group's update on device tensors of one chunk of pieces."
     g = chunk[0].group
     if 'momentum' in g: muon_update_chunk(m, [x[0] for x in st], gr, **muon_group_kwargs(g))
-    else:
-        steps = [s.step for s in chunk]
-        _adamw.adamw(m, gr, [x[0] for x in st], [x[1] for x in st], [], steps, foreach=g['foreach'], amsgrad=False,
-                     beta1=g['betas'][0], beta2=g['betas'][1], lr=g['lr'], weight_decay=g['weight_decay'], eps=g['eps'],
-                     maximize=False)
+    else:   # every piece of a parameter steps from the same count: copies, advanced once for the parameter (see `_step`)
+        _adamw.adamw(m, gr, [x[0] for x in st], [x[1] for x in st], [], [pc.slot.step.clone() for pc in chunk],
+                     foreach=g['foreach'], amsgrad=False, beta1=g['betas'][0], beta2=g['betas'][1], lr=g['lr'],
+                     weight_decay=g['weight_decay'], eps=g['eps'], maximize=False)
 
 OffloadOptimizer._chunks = _chunks
 
 # %% ../nbs/20_offload.ipynb #a5053e84
 def _chunk_views(buf, chunk):
-    "Per-slot views into a flat device buffer laid out as [masters | gradients | state 0 | state 1] of one chunk."
-    total, out, off = sum(s.master.numel() for s in chunk), [], 0
-    for s in chunk:
-        k = s.master.numel()
-        region = lambda r, off=off, k=k, s=s: buf[r * total + off: r * total + off + k].view(s.p.shape)
-        out.append((region(0), region(1), [region(2 + r) for r in range(len(s.state))]))
-        off += k
+    "Per-piece views into a flat device buffer laid out as [masters | gradients | state 0 | state 1] of one chunk."
+    total, out, off = sum(pc.numel for pc in chunk), [], 0
+    for pc in chunk:
+        region = lambda r, off=off, pc=pc: buf[r * total + off: r * total + off + pc.numel].view(pc.master.shape)
+        out.append((region(0), region(1), [region(2 + r) for r in range(len(pc.state))]))
+        off += pc.numel
     return out
 
 class _Ring:
@@ -477,7 +492,7 @@ class _Ring:
 
 def _chunk_numel(chunk):
     "FP32 elements a chunk takes on the device: masters, gradients and state."
-    return sum(s.master.numel() for s in chunk) * (2 + len(chunk[0].state))
+    return sum(pc.numel for pc in chunk) * (2 + len(chunk[0].state))
 
 @torch.no_grad()
 def _step(self):
@@ -486,45 +501,47 @@ def _step(self):
     landing = defaultdict(list)   # slot -> gradients still on their way to its host accumulator
     for s, f in self.pending: landing[s].append(f)
     # Once, not per chunk: the copy stream sees the gradients the backward pass left (and whatever last used the
-    # buffers' memory); from then on the streams order themselves by events, and the CPU never waits for the GPU.
+    # ring's memory); from then on the streams order themselves by events, and the CPU never waits for the GPU.
     if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())
     # Chunks go in the order their gradients reach the host (the worker adds them in arrival order), so streaming
     # starts with what has landed while the host still accumulates the rest; each chunk waits only for its own.
     arrival = {s: i for i, (s, _) in enumerate(self.pending)}   # a slot's last gradient of this step
-    chunks = sorted(self._chunks(landing), key=lambda c: max(arrival.get(s, -1) for s in c))
-    streamed = [c for c in chunks if not c[0].resident]
+    chunks = sorted(self._chunks(landing), key=lambda c: max(arrival.get(pc.slot, -1) for pc in c))
+    streamed = [c for c in chunks if not c[0].slot.resident]
     # halves of the largest chunk: a chunk never waits for the one before it
     ring = _Ring(max(map(_chunk_numel, streamed)), streamed[0][0].p.device) if streamed else None
     stream = lambda st: torch.cuda.stream(st) if self.cuda else contextlib.nullcontext()
-    on_device = lambda s: s.acc.device == s.p.device   # its gradient needs no trip up
+    on_device = lambda pc: pc.acc.device == pc.p.device   # its gradient needs no trip up
     for chunk in chunks:
         tw = time.perf_counter()
-        for s in chunk:
-            for f in landing.pop(s, ()): f.result()
+        for pc in chunk:
+            for f in landing.pop(pc.slot, ()): f.result()
         waited += time.perf_counter() - tw
-        if chunk[0].resident:   # updated where it lives
-            _update(chunk, [s.master for s in chunk], [s.state for s in chunk], [s.acc for s in chunk])
-            for s in chunk: s.p.copy_(s.master); s.fresh = True
+        if chunk[0].slot.resident:   # updated where it lives
+            _update(chunk, [pc.master for pc in chunk], [pc.state for pc in chunk], [pc.acc for pc in chunk])
+            for pc in chunk: pc.p.copy_(pc.master)
             continue
         region, written_back = ring.take(_chunk_numel(chunk))
         views = _chunk_views(region, chunk)
         with stream(self.h2d):
             if written_back is not None: self.h2d.wait_event(written_back)   # what last used this memory has gone down
-            for s, (m, g, st) in zip(chunk, views):
-                m.copy_(s.master, non_blocking=True)
-                for d, h in zip(st, s.state): d.copy_(h, non_blocking=True)
-                if not on_device(s): g.copy_(s.acc, non_blocking=True)
+            for pc, (m, g, st) in zip(chunk, views):
+                m.copy_(pc.master, non_blocking=True)
+                for d, h in zip(st, pc.state): d.copy_(h, non_blocking=True)
+                if not on_device(pc): g.copy_(pc.acc, non_blocking=True)
         if self.cuda: torch.cuda.current_stream().wait_stream(self.h2d)
         _update(chunk, [m for m, _, _ in views], [st for _, _, st in views],
-                [s.acc if on_device(s) else g for s, (_, g, _) in zip(chunk, views)])
-        for s, (m, _, _) in zip(chunk, views): s.p.copy_(m)  # the new working weights, cast to the model's dtype
+                [pc.acc if on_device(pc) else g for pc, (_, g, _) in zip(chunk, views)])
+        for pc, (m, _, _) in zip(chunk, views): pc.p.copy_(m)  # the new working weights, cast to the model's dtype
         if self.cuda: self.d2h.wait_stream(torch.cuda.current_stream())
         with stream(self.d2h):
-            for s, (m, _, st) in zip(chunk, views):
-                s.master.copy_(m, non_blocking=True)
-                for h, d in zip(s.state, st): h.copy_(d, non_blocking=True)
+            for pc, (m, _, st) in zip(chunk, views):
+                pc.master.copy_(m, non_blocking=True)
+                for h, d in zip(pc.state, st): h.copy_(d, non_blocking=True)
             if self.cuda: (done := torch.cuda.Event()).record(); ring.lend(region, done)
-        for s in chunk: s.fresh = True
+    for s in {pc.slot for c in chunks for pc in c}:
+        s.fresh = True   # the next micro-batch's gradient overwrites the accumulator
+        if 'momentum' not in s.group: s.step += 1   # AdamW's count, once however many pieces it took
     if self.cuda: self.d2h.synchronize()   # the ring is free again when this returns
     self.wait()   # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
     total = time.perf_counter() - t0

@@ -225,8 +225,8 @@ ActivationOffload.pack = _pack
 
 # %% ../nbs/20_offload.ipynb #bbff46ab
 def _fetch(self, h):
-    "Start copying `h` back to its device (once; never again after its last use)."
-    if h.back is not None or h.uses <= 0: return
+    "Start copying `h` back to its device (once per use: again only if asked after its last, as a second backward does)."
+    if h.back is not None: return
     self.fetched += h.flat.nbytes
     if self.stream is not None and h.device.type == 'cuda':
         with torch.cuda.stream(self.fetch_stream):
@@ -434,7 +434,7 @@ def _pieces(s, limit):
     muon = 'momentum' in s.group
     if s.nbytes <= limit or (muon and s.master.ndim != 3): return [_Piece(s)]
     n = s.master.shape[0] if muon else s.master.numel()   # experts, or elements
-    k = min(n, -(-s.nbytes // limit))
+    k = -(-n // max(1, limit // (s.nbytes // n)))          # pieces of at most as many of them as fit `limit`
     ends = [n * i // k for i in range(k + 1)]
     return [_Piece(s, slice(a, b)) for a, b in zip(ends, ends[1:])]
 

@@ -285,6 +285,11 @@ def bench(a) -> dict:
     # on a CPU run the host memory is the device's: running short there is an ordinary out-of-memory error
     dog = HostWatchdog(a.json, floor_gib=2.0 if torch.device(a.device).type == 'cuda' else 0.0)
     try: return _bench(a, dog)
+    except torch.OutOfMemoryError as e:   # a record of where, and one line instead of a traceback
+        rec = dict(kind='bench_failed', reason='GPU memory', error=str(e).splitlines()[0][:200], host=host_memory(), **dog.state)
+        if a.json: append_records([rec], a.json)
+        raise UsageError(f"the GPU ran out of memory in {dog.state['phase']} ({rec['error']}): offload more activations "
+                         '(--act-budget), keep less optimizer state on the GPU (--offload-gpu-gib) or train fewer layers') from None
     finally: dog.close()
 
 def _bench(a, dog):
@@ -301,9 +306,10 @@ def _bench(a, dog):
         if step == a.warmup: staged = dict(getattr(run.opt, 'staging', {}))   # counters since construction, compilation included
         _sync(dev); t_step = time.perf_counter(); times = []
         for i in range(a.accum):
-            x = random_tokens(cfg, a.micro_bs, gen, dev)
+            x = random_tokens(cfg, a.micro_bs, gen, dev); dog.state['phase'] = f'step {step}, micro-batch {i + 1}'
             t0 = time.perf_counter(); losses.append(micro_step(run, x).item()); times.append(time.perf_counter() - t0)
             if last: mem.append(dict(phase=f'micro-batch {i + 1}', **phase_memory(dev)))
+        dog.state['phase'] = f'step {step}, optimizer'
         t0 = time.perf_counter(); loads = optimizer_step(run); _sync(dev); t_opt = time.perf_counter() - t0
         if last: mem.append(dict(phase='optimizer step', **phase_memory(dev)))
         if step >= a.warmup:

@@ -531,6 +531,10 @@ def loop(run, loader, val, sched, st, d) -> int:
                 save_state(run, loader, st, d); saved_at = st.tokens
         if a.ckpt_dir and st.bad_streak == 0 and saved_at != st.tokens: save_state(run, loader, st, d)
         return 0
+    except torch.OutOfMemoryError as e:   # one line, and the checkpoints as they were
+        kept = f'the checkpoint at {saved_at:,} tokens is kept' if saved_at else 'no checkpoint was written'
+        raise UsageError(f'the GPU ran out of memory in step {st.step + 1} ({str(e).splitlines()[0][:160]}); {kept}: train fewer '
+                         'layers or a smaller --micro-bs, or use --offload / --recompute (`apex3 plan` says what fits)') from None
     finally: logger.close()
 
 def default_log(a):

@@ -498,6 +498,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload._pow2_floor': ('offload.html#_pow2_floor', 'apex3/offload.py'),
                                'apex3.offload._prefetch': ('offload.html#_prefetch', 'apex3/offload.py'),
                                'apex3.offload._prefetch_tail': ('offload.html#_prefetch_tail', 'apex3/offload.py'),
+                               'apex3.offload._ring_half': ('offload.html#_ring_half', 'apex3/offload.py'),
                                'apex3.offload._stage': ('offload.html#_stage', 'apex3/offload.py'),
                                'apex3.offload._state_dict': ('offload.html#_state_dict', 'apex3/offload.py'),
                                'apex3.offload._step': ('offload.html#_step', 'apex3/offload.py'),

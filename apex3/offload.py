@@ -491,6 +491,13 @@ class _Ring:
         "Record that `region` is read by the write-back that `event` marks the end of."
         self.lent.append((region.storage_offset(), region.storage_offset() + region.numel(), self.count, event)); self.count += 1
 
+def _ring_half(largest, device):
+    "Elements of each half of the step's ring: RING_CHUNKS / 2 of the `largest` chunk, fewer if the GPU has less free, never below one."
+    half = RING_CHUNKS // 2 * largest
+    if torch.device(device).type != 'cuda': return half
+    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return max(largest, min(half, free // 2 // 4 // 2))   # at most half of what is free, in FP32 elements, over two halves
+
 def _chunk_numel(chunk):
     "FP32 elements a chunk takes on the device: masters, gradients and state."
     return sum(pc.numel for pc in chunk) * (2 + len(chunk[0].state))
@@ -509,8 +516,7 @@ def _step(self):
     arrival = {s: i for i, (s, _) in enumerate(self.pending)}   # a slot's last gradient of this step
     chunks = sorted(self._chunks(landing), key=lambda c: max(arrival.get(pc.slot, -1) for pc in c))
     streamed = [c for c in chunks if not c[0].slot.resident]
-    # halves of RING_CHUNKS / 2 of the largest chunk: a chunk never waits for the one before it
-    ring = _Ring(RING_CHUNKS // 2 * max(map(_chunk_numel, streamed)), streamed[0][0].p.device) if streamed else None
+    ring = _Ring(_ring_half(max(map(_chunk_numel, streamed)), streamed[0][0].p.device), streamed[0][0].p.device) if streamed else None
     stream = lambda st: torch.cuda.stream(st) if self.cuda else contextlib.nullcontext()
     on_device = lambda pc: pc.acc.device == pc.p.device   # its gradient needs no trip up
     for chunk in chunks:

@@ -477,11 +477,10 @@ class _Ring:
         h = self.half
         # where a chunk can start: a half's start, or the end of a lent region, if it then stays within that half
         starts = [a for a in {0, h, *(e for _, e, _, _ in self.lent)} if a + numel <= (h if a < h else 2 * h)]
-        readers = lambda a: [x for x in self.lent if x[0] < a + numel and a < x[1]]
-        latest = lambda a: max(readers(a), key=lambda x: x[2], default=None)
+        latest = {a: max((x for x in self.lent if x[0] < a + numel and a < x[1]), key=lambda x: x[2], default=None) for a in starts}
         # the oldest last reader; never the chunk before, which the other half's start does not touch
-        start = min(starts, key=lambda a: (-1 if (x := latest(a)) is None else x[2], a))
-        region, last = self.buf[start:start + numel], latest(start)
+        start = min(starts, key=lambda a: (-1 if latest[a] is None else latest[a][2], a))
+        region, last = self.buf[start:start + numel], latest[start]
         if last is None: return region, None
         self.done = last[2]   # write-backs run in order on one stream: the older ones are done when this one is
         self.lent = [x for x in self.lent if x[2] > self.done]
@@ -516,7 +515,8 @@ def _step(self):
     arrival = {s: i for i, (s, _) in enumerate(self.pending)}   # a slot's last gradient of this step
     chunks = sorted(self._chunks(landing), key=lambda c: max(arrival.get(pc.slot, -1) for pc in c))
     streamed = [c for c in chunks if not c[0].slot.resident]
-    ring = _Ring(_ring_half(max(map(_chunk_numel, streamed)), streamed[0][0].p.device), streamed[0][0].p.device) if streamed else None
+    dev = streamed[0][0].p.device if streamed else None
+    ring = _Ring(_ring_half(max(map(_chunk_numel, streamed)), dev), dev) if streamed else None
     stream = lambda st: torch.cuda.stream(st) if self.cuda else contextlib.nullcontext()
     on_device = lambda pc: pc.acc.device == pc.p.device   # its gradient needs no trip up
     for chunk in chunks:

@@ -6,6 +6,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.bench.HostWatchdog._trip': ('bench.html#hostwatchdog._trip', 'apex3/bench.py'),
                              'apex3.bench.HostWatchdog._watch': ('bench.html#hostwatchdog._watch', 'apex3/bench.py'),
                              'apex3.bench.HostWatchdog.close': ('bench.html#hostwatchdog.close', 'apex3/bench.py'),
+                             'apex3.bench.HostWatchdog.record_failure': ('bench.html#hostwatchdog.record_failure', 'apex3/bench.py'),
                              'apex3.bench.Run': ('bench.html#run', 'apex3/bench.py'),
                              'apex3.bench.Run.__init__': ('bench.html#run.__init__', 'apex3/bench.py'),
                              'apex3.bench._act_scope': ('bench.html#_act_scope', 'apex3/bench.py'),

@@ -286,8 +286,7 @@ def bench(a) -> dict:
     dog = HostWatchdog(a.json, floor_gib=2.0 if torch.device(a.device).type == 'cuda' else 0.0)
     try: return _bench(a, dog)
     except torch.OutOfMemoryError as e:   # a record of where, and one line instead of a traceback
-        rec = dict(kind='bench_failed', reason='GPU memory', error=str(e).splitlines()[0][:200], host=host_memory(), **dog.state)
-        if a.json: append_records([rec], a.json)
+        rec = dog.record_failure('GPU memory', error=str(e).splitlines()[0][:200])
         raise UsageError(f"the GPU ran out of memory in {dog.state['phase']} ({rec['error']}): offload more activations "
                          '(--act-budget), keep less optimizer state on the GPU (--offload-gpu-gib) or train fewer layers') from None
     finally: dog.close()
@@ -302,7 +301,6 @@ def _bench(a, dog):
     for step in range(a.warmup + a.steps):
         last = step == a.warmup + a.steps - 1   # its memory is read phase by phase (after each synchronising .item())
         if last: mem = [dict(phase='earlier steps', **phase_memory(dev))]   # the GPU peak of warm-up and earlier steps
-        dog.state['phase'] = f'step {step}'
         if step == a.warmup: staged = dict(getattr(run.opt, 'staging', {}))   # counters since construction, compilation included
         _sync(dev); t_step = time.perf_counter(); times = []
         for i in range(a.accum):
@@ -358,11 +356,16 @@ class HostWatchdog:
         while not self.done.wait(self.every_s):
             if (left := self.available() / GiB) < self.floor_gib: return self._trip(left)
 
+    def record_failure(self, reason, **fields):
+        "Append (when there is a JSON path) and return a `bench_failed` record: why, the host's memory, and what the run was doing."
+        rec = dict(kind='bench_failed', reason=reason, **fields, host=host_memory(), **self.state)
+        if self.json_path: append_records([rec], self.json_path)
+        return rec
+
     def _trip(self, left):
-        rec = dict(kind='bench_failed', reason='host memory', available_gib=left, host=host_memory(), **self.state)
+        rec = self.record_failure('host memory', available_gib=left)
         log.error('host memory nearly exhausted during %s: %.1f GiB left, this process %.1f GiB resident; stopping before '
                   'the OOM killer does', self.state['phase'], left, rec['host']['rss'])
-        if self.json_path: append_records([rec], self.json_path)
         self.on_trip()
 
     def close(self): self.done.set()

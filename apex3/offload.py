@@ -181,18 +181,22 @@ class ActivationOffload:
         self.stream, self.fetch_stream = (torch.cuda.Stream(), torch.cuda.Stream()) if torch.cuda.is_available() else (None, None)
         self.handles, self.seen = [], {}
         self.tensors = self.bytes = self.kept = self.fetched = 0
+        self.saved = None   # bytes the last pass saved (offloaded or kept): the budget rule's measure of the next
 
     def reset(self):
         "Start a step: give last step's host buffers back to the pool and zero the counters."
         if self.stream is not None: self.stream.synchronize(); self.fetch_stream.synchronize()
         for h in self.handles: self.pool.release(h.flat)
+        if self.handles or self.kept: self.saved = self.bytes + self.kept
         self.handles, self.seen = [], {}
         self.tensors = self.bytes = self.kept = self.fetched = 0
 
     def _wants(self, n):
         "Whether a tensor of `n` bytes should go to the host under the count and budget rules."
         by_count = self.max_tensors is not None and self.tensors < self.max_tensors
-        by_budget = self.keep_bytes is not None and self.kept + n > self.keep_bytes
+        if self.keep_bytes is None: by_budget = False
+        elif self.saved is None: by_budget = self.kept + n > self.keep_bytes   # the first pass: keep until the budget is full
+        else: by_budget = self.bytes < self.saved - self.keep_bytes   # then the first tensors go, the last stay
         return by_count or by_budget
 
     def stats(self):

@@ -3,10 +3,7 @@
 # each variant's log to $OUT/logs/NAME.log.   usage: bash tools/gpu_bench.sh NAME "EXTRA FLAGS" [NAME "EXTRA FLAGS" ...]
 # NAME=base-* variants drop the offload flags (the no-offload baseline of the overhead ratio).
 set -uo pipefail
-if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then   # NO_WHEELS=1: a dry run here
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source tools/gpu_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/records" "$OUT/logs"
 MODEL="--config C --set n_experts=64 expert_ffn=1280 top_k=4 router_bias_rate=0.01 router_bias_update=proportional"
 RUNTIME="--compile-blocks --recompute none --moe-chunk 0 --micro-bs 6 --attn fa3 --accum 8 --ce-impl triton --ce-chunk 4096 --steps 4 --warmup 2 --precision fp8_rowwise --fp8-recipe tensorwise --profile"

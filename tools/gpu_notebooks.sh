@@ -1,14 +1,9 @@
 #!/usr/bin/env bash
 # Run the `#| gpu` cells of chapters on the GPU machine and bring back the records they append.
 #   usage (on the GPU host, repo root): bash tools/gpu_notebooks.sh nbs/10_model.ipynb nbs/15_kernels.ipynb ...
-# Wheels the image lacks (nbdev and its pure-Python deps, torchao, liger-kernel) travel in .whl/ and are
-# installed into /tmp/site; the package itself is imported from the working tree.
 set -uo pipefail
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-# the copy on the GPU machine has no .git: records get the commit from the caller (APEX3_GIT_COMMIT=...)
+source tools/gpu_env.sh
+export MPLBACKEND=Agg
 python3 - <<'PY'
 import torch, triton, importlib
 print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')

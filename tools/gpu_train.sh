@@ -6,10 +6,7 @@
 #   bash tools/gpu_train.sh fsdp STEPS   every GPU under torchrun --fsdp: half the steps, then --resume for the rest
 set -uo pipefail
 MODE=${1:-one} STEPS=${2:-300} CONFIG=${CONFIG:-small} SEQ=${SEQ:-2048}
-if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then   # NO_WHEELS=1: a dry run here
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source tools/gpu_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/records" "$OUT/logs"; CK=/tmp/ckpt-$MODE; rm -rf $CK "$OUT/logs/train-$MODE.jsonl"
 NPROC=1; [ "$MODE" = fsdp ] && NPROC=$(python3 -c "import torch; print(max(1, torch.cuda.device_count()))")
 read -r VOCAB EOS <<<"$(python3 -c "import json; m=json.load(open('gpu-data/out/tokens/code/meta.json')); print(m['vocab_size'], m['eos_id'])")"

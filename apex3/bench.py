@@ -5,9 +5,10 @@
 # %% auto #0
 __all__ = ['log', 'KERNEL_KINDS', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_config', 'micro_flops',
            'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'check_host_memory', 'micro_step',
-           'optimizer_step', 'random_tokens', 'copy_gbs', 'measure_link', 'kernel_kind', 'overlap_s', 'kernel_spans',
-           'profile_phase', 'status_gib', 'host_memory', 'phase_memory', 'bench', 'HostWatchdog', 'bench_main', 'main',
-           'plot_memory_phases', 'host_parts', 'plot_host_breakdown', 'plot_predicted_vs_measured']
+           'optimizer_step', 'random_tokens', 'copy_gbs', 'measure_link', 'kernel_kind', 'overlap_s', 'span_s',
+           'exposure', 'kernel_spans', 'profile_phase', 'status_gib', 'host_memory', 'phase_memory', 'bench',
+           'HostWatchdog', 'bench_main', 'main', 'plot_memory_phases', 'host_parts', 'plot_host_breakdown',
+           'plot_predicted_vs_measured']
 
 # %% ../nbs/25_bench.ipynb #55058469
 import contextlib, dataclasses, functools, logging, math, os, statistics, sys, threading, time
@@ -231,6 +232,18 @@ def overlap_s(a, b) -> float:
         else: j += 1
     return t
 
+def span_s(a) -> float:
+    "How long some span of `a` runs."
+    return sum(e - s for s, e in _union(a))
+
+def exposure(spans) -> dict:
+    """Copy time by direction that no compute covers, and the time in the window of GPU work with none running at all
+    (the GPU waits for the host: launches, syncs), from `kernel_spans`-like lists."""
+    busy = spans['HtoD'] + spans['DtoH'] + spans['compute']
+    window = max(e for _, e in busy) - min(s for s, _ in busy) if busy else 0
+    return dict(exposed={k: span_s(spans[k]) - overlap_s(spans[k], spans['compute']) for k in ('HtoD', 'DtoH')},
+                idle=window - span_s(busy))
+
 def kernel_spans(prof) -> dict:
     "(start, end) µs of a profile's GPU work: host-to-device copies, device-to-host copies, and compute (any other kernel)."
     spans = {'HtoD': [], 'DtoH': [], 'compute': []}
@@ -253,10 +266,12 @@ def profile_phase(fn, device, top=8) -> dict:
     for e in kernels:
         kind = kernel_kind(e.key); by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e6
     top_k = sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]
-    spans = kernel_spans(prof)
-    # a full-duplex link runs both directions at once; copies under compute are hidden from the wall clock
+    spans = kernel_spans(prof); ex = exposure(spans)
+    # a full-duplex link runs both directions at once; copies under compute are hidden from the wall clock, the rest
+    # (by direction: forward stores go down, backward fetches come up) adds to it, as do the GPU's idle gaps
     return dict(wall_s=wall, busy_s=sum(by_kind.values()), by_kind=by_kind, duplex_s=overlap_s(spans['HtoD'], spans['DtoH']) / 1e6,
                 hidden_s=overlap_s(spans['HtoD'] + spans['DtoH'], spans['compute']) / 1e6,
+                exposed_s={k: v / 1e6 for k, v in ex['exposed'].items()}, idle_s=ex['idle'] / 1e6,
                 top=[(e.key[:80], e.self_device_time_total / 1e6, e.count) for e in top_k])
 
 def status_gib(field='VmRSS') -> float:

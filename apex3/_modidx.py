@@ -16,6 +16,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.bench._sync': ('bench.html#_sync', 'apex3/bench.py'),
                              'apex3.bench._union': ('bench.html#_union', 'apex3/bench.py'),
                              'apex3.bench.add_run_flags': ('bench.html#add_run_flags', 'apex3/bench.py'),
+                             'apex3.bench.allocator_counts': ('bench.html#allocator_counts', 'apex3/bench.py'),
                              'apex3.bench.apply_recompute': ('bench.html#apply_recompute', 'apex3/bench.py'),
                              'apex3.bench.bench': ('bench.html#bench', 'apex3/bench.py'),
                              'apex3.bench.bench_main': ('bench.html#bench_main', 'apex3/bench.py'),

@@ -5,10 +5,11 @@
 # %% auto #0
 __all__ = ['GPUS', 'RECOMPUTE', 'GiB', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACTION', 'BYTES', 'GPU_CAP', 'REAL_RUNS', 'LINKS',
            'GEMM_SAVED', 'ACT_BYTES_PER_TOKEN_D', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB', 'HOST_SLAB_WASTE',
-           'KERNEL_EFF', 'HOST_ACCUM_PER_S', 'parse_number', 'fmt_count', 'GPU', 'find_gpu', 'gpu_table', 'model_shape',
-           'train_flops', 'recompute_flops', 'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose',
-           'Serving', 'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs', 'plan', 'validation_table',
-           'link_speed', 'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main', 'gpus_main']
+           'KERNEL_EFF', 'HOST_ACCUM_PER_S', 'BOTH_WAYS_SHARE', 'parse_number', 'fmt_count', 'GPU', 'find_gpu',
+           'gpu_table', 'model_shape', 'train_flops', 'recompute_flops', 'activation_bytes', 'Layout', 'search_target',
+           'search_gpus', 'choose', 'Serving', 'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs',
+           'plan', 'validation_table', 'link_speed', 'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main',
+           'gpus_main']
 
 # %% ../nbs/00_plan.ipynb #3119e2a9
 import dataclasses, difflib, functools, json, math, re
@@ -439,6 +440,7 @@ HOST_OVERHEAD_GIB = 3                                # the process beside its pi
 HOST_SLAB_WASTE = 1.06                               # pinned slabs over what is cut from them (20_offload, C's sizes)
 KERNEL_EFF = 0.57                                    # a micro-batch of C, fraction of the BF16 peak (records)
 HOST_ACCUM_PER_S = 11.9e9                            # fp32 += bf16 elements a second, the H200 machine's host (20_offload)
+BOTH_WAYS_SHARE = 0.92                               # each direction's rate while both run, of its rate alone (99 / 2 / 54)
 
 def _per_param(c, counts, accum_on):
     "Optimizer bytes per parameter, Muon and AdamW averaged: what it keeps and streams up in a step; what comes back down."
@@ -485,7 +487,7 @@ def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kern
     flops = (6 * counts['active_matmul'] + 12 * c.n_layers * c.n_heads * c.head_dim * c.seq_len) * T
     compute = flops / (gpu.peak('bf16') * kernel_eff)
     link = ((2 * (N - kept) if accum_on == 'cpu' else 0) + 2 * offloaded) / (link_gbs * 1e9)
-    opt = (up + down) * (N - kept) / (link_gbs * 1e9)     # the two directions one after the other, as measured
+    opt = max(up, down) * (N - kept) / (BOTH_WAYS_SHARE * link_gbs * 1e9)   # both directions at once: the longer one
     host = (N - kept) / host_accum_per_s if accum_on == 'cpu' else 0.0
     return flops, compute, link, host, opt
 

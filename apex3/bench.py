@@ -45,6 +45,8 @@ def add_run_flags(p):
     p.add_argument('--act-offload', type=int, default=0, help='saved tensors per micro-batch stored on the host')
     p.add_argument('--act-budget', type=float, help='fraction of GPU memory activations may keep; the rest go to the host')
     p.add_argument('--gemm-offload', default='none', choices=['none', 'hooks'], help='offload only what GEMMs save')
+    p.add_argument('--act-prefetch-gib', type=float, default=4.0,
+                   help='GiB of offloaded activations fetched back ahead of their use in backward (also capped by the GPU memory backward starts with)')
     p.add_argument('--lr', type=float, default=3e-4)
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
@@ -57,6 +59,7 @@ def check_run_flags(a):
     for flag in ('offload_gpu_gib', 'offload_accum_gpu_gib'):
         if getattr(a, flag) < 0: raise UsageError(f"--{flag.replace('_', '-')} is GiB kept on the GPU: at least 0, not {getattr(a, flag):g}")
     if a.act_budget is not None and not 0 <= a.act_budget <= 1: raise UsageError(f'--act-budget is a fraction in [0, 1], not {a.act_budget}')
+    if a.act_prefetch_gib < 0: raise UsageError(f'--act-prefetch-gib is GiB fetched ahead: at least 0, not {a.act_prefetch_gib:g}')
     try: dev = torch.device(a.device)
     except RuntimeError: raise UsageError(f'--device {a.device!r} is not a device (cpu, cuda, cuda:N)') from None
     if dev.type == 'cuda' and not torch.cuda.is_available(): raise UsageError('--device cuda: no CUDA device is available')
@@ -140,7 +143,7 @@ class Run:
             keep = None if a.act_budget is None else a.act_budget * _device_memory(self.device)
             pool = PinnedPool(int(host_available_bytes() * 0.8), pin=self.device.type == 'cuda', slab_bytes=2**28)   # grows as it goes
             self.act = ActivationOffload(pool, max_tensors=a.act_offload or None, keep_bytes=keep,
-                                         params=list(self.model.parameters()))
+                                         params=list(self.model.parameters()), prefetch_bytes=int(a.act_prefetch_gib * GiB))
             if a.gemm_offload == 'hooks': mark_gemms(self.model); gemm_offload_hooks(self.model, self.act)
 
 def _device_memory(device):
@@ -358,6 +361,7 @@ def _bench(a, dog):
                 mfu_micro=flops / statistics.median(micro_times) / (peak * 1e12) if peak else None, peak_tflops=peak,
                 offloaded_tensors=act.get('offloaded_tensors', 0), offloaded_gib=act.get('offloaded_gib', 0.0),
                 fetched_gib=act.get('fetched_gib', 0.0),   # brought back in the last micro-batch: equal to offloaded_gib when none is fetched twice
+                fetched_late=act.get('fetched_late', 0),   # of them, fetched only when backward asked (the prefetch had not reached them)
                 overflow_gib=act.get('overflow_gib', 0.0) / max(1, (a.warmup + a.steps) * a.accum),
                 peak_gpu_gib=max(m['gpu_peak_gib'] for m in mem) if dev.type == 'cuda' else None, memory_phases=mem,
                 host_pinned_gib=act.get('host_pinned_gib', 0.0) + opt_pool.get('host_pinned_gib', 0.0),

@@ -4,11 +4,11 @@
 
 # %% auto #0
 __all__ = ['log', 'KERNEL_KINDS', 'ALLOCATOR_COUNTS', 'add_run_flags', 'check_run_flags', 'bench_parser', 'run_config',
-           'micro_flops', 'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'check_host_memory', 'micro_step',
-           'optimizer_step', 'random_tokens', 'copy_gbs', 'measure_link', 'kernel_kind', 'overlap_s', 'span_s',
-           'exposure', 'kernel_spans', 'profile_phase', 'status_gib', 'host_memory', 'allocator_counts', 'phase_memory',
-           'bench', 'HostWatchdog', 'bench_main', 'main', 'plot_memory_phases', 'host_parts', 'plot_host_breakdown',
-           'plot_predicted_vs_measured']
+           'micro_flops', 'apply_recompute', 'compile_blocks', 'mark_gemms', 'Run', 'check_host_memory',
+           'last_micro_starts', 'micro_step', 'optimizer_step', 'random_tokens', 'copy_gbs', 'measure_link',
+           'kernel_kind', 'overlap_s', 'span_s', 'exposure', 'kernel_spans', 'profile_phase', 'status_gib',
+           'host_memory', 'allocator_counts', 'phase_memory', 'bench', 'HostWatchdog', 'bench_main', 'main',
+           'plot_memory_phases', 'host_parts', 'plot_host_breakdown', 'plot_predicted_vs_measured']
 
 # %% ../nbs/25_bench.ipynb #55058469
 import contextlib, dataclasses, functools, logging, math, os, statistics, sys, threading, time
@@ -166,6 +166,10 @@ def check_host_memory(a, cfg, device):
 def _act_scope(run):
     if run.act is None or run.a.gemm_offload == 'hooks': return contextlib.nullcontext()
     return run.act.hooks()
+
+def last_micro_starts(run):
+    "A step's last micro-batch is about to run: an offloaded optimizer starts loading its first chunks (`OffloadOptimizer.preload`)."
+    if hasattr(run.opt, 'preload'): run.opt.preload()
 
 def micro_step(run, tokens):
     "Forward and backward of one micro-batch of token rows [B, S+1]; returns the loss."
@@ -333,7 +337,9 @@ def _bench(a, dog):
         _sync(dev); t_step = time.perf_counter(); times = []
         for i in range(a.accum):
             x = random_tokens(cfg, a.micro_bs, gen, dev); dog.state['phase'] = f'step {step}, micro-batch {i + 1}'
-            t0 = time.perf_counter(); losses.append(micro_step(run, x).item()); times.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            if i == a.accum - 1: last_micro_starts(run)
+            losses.append(micro_step(run, x).item()); times.append(time.perf_counter() - t0)
             if last: mem.append(dict(phase=f'micro-batch {i + 1}', **phase_memory(dev)))
         dog.state['phase'] = f'step {step}, optimizer'
         t0 = time.perf_counter(); loads = optimizer_step(run); _sync(dev); t_opt = time.perf_counter() - t0

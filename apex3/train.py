@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch, torch.distributed as dist
 from .cli import ArgParser, UsageError, run_command
-from .bench import add_run_flags, check_run_flags, Run, run_config, micro_step, optimizer_step, micro_flops, status_gib
+from .bench import add_run_flags, check_run_flags, Run, run_config, micro_step, last_micro_starts, optimizer_step, micro_flops, status_gib
 from .config import get_config
 from .records import device_peak_tflops, GiB
 from .kernels import warn_once as warn_once_to
@@ -223,10 +223,13 @@ def warn_repeats(epochs):
     for n, e in epochs.items():
         if e > 1: warn_once(f'data source {n!r} is read a second time: a small corpus for this many tokens (`epochs` in the step log counts the passes)')
 
-def _sync_on_last(run, batches):
-    "The micro-batches; under FSDP (when `defer_sync`), gradients are reduce-scattered after the last one only."
+def _micro_batches(run, batches):
+    """The micro-batches; under FSDP (when `defer_sync`), gradients are reduce-scattered after the last one only, and before
+    the last an offloaded optimizer starts loading its first chunks (`last_micro_starts`)."""
     for i, x in enumerate(batches):
-        if getattr(run, 'sharded', False): run.model.set_requires_gradient_sync(not run.defer_sync or i == len(batches) - 1)
+        last = i == len(batches) - 1
+        if getattr(run, 'sharded', False): run.model.set_requires_gradient_sync(not run.defer_sync or last)
+        if last: last_micro_starts(run)
         yield x
 
 def train_step(run, loader, st, sched, d) -> dict:
@@ -236,7 +239,7 @@ def train_step(run, loader, st, sched, d) -> dict:
     if st.step + 1 in a.inject_nan_at: run.loss_fn = _poisoned(fn)
     batches = [torch.from_numpy(loader.next_batch()).to(run.device) for _ in range(a.accum)]
     run.z_parts.clear()   # validation and the probe add theirs between steps
-    try: losses = [micro_step(run, x) for x in _sync_on_last(run, batches)]
+    try: losses = [micro_step(run, x) for x in _micro_batches(run, batches)]
     finally: run.loss_fn = fn
     loss = global_mean(torch.stack(losses).mean(), d).item()
     z = global_mean(torch.stack(run.z_parts).mean(), d).item()   # the z·lse² part inside `loss`

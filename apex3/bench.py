@@ -413,7 +413,7 @@ def bench_main(argv=None):
     logging.basicConfig(level=logging.INFO, format='%(message)s')
     rec = bench(a)
     keys = ('micro_s_median', 'mfu_at_batch', 'tokens_per_s', 'offloaded_tensors', 'offloaded_gib', 'overflow_gib', 'peak_gpu_gib', 'host_pinned_gib',
-            'fetched_gib', 'optimizer_s', 'staging_wait_s_per_step')   # the last: with --offload only
+            'fetched_gib', 'fetched_late', 'optimizer_s', 'staging_wait_s_per_step')   # the last: with --offload only
     print(' '.join(f'{k}={rec[k]:.4g}' if isinstance(rec[k], float) else f'{k}={rec[k]}' for k in keys if k in rec))
     if a.json: print(f'appended to {append_records([rec], a.json)}')
     return 0

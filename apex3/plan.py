@@ -439,7 +439,7 @@ PUBLISHED_ACT_OFFLOAD = 72                           # --act-offload of the publ
 HOST_OVERHEAD_GIB = 3                                # the process beside its pinned pools (1.9 GiB measured, C4-C7)
 HOST_SLAB_WASTE = 1.06                               # pinned slabs over what is cut from them (20_offload, C's sizes)
 KERNEL_EFF = 0.57                                    # a micro-batch of C, fraction of the BF16 peak (records)
-HOST_ACCUM_PER_S = 11.9e9                            # fp32 += bf16 elements a second, the H200 machine's host (20_offload)
+HOST_ACCUM_PER_S = 7.0e9                             # fp32 += bf16 elements a second, the H200 machine's host (20_offload)
 BOTH_WAYS_SHARE = 0.92                               # each direction's rate while both run, of its rate alone (99 / 2 / 54)
 
 def _per_param(c, counts, accum_on):

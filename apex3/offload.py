@@ -8,7 +8,7 @@ __all__ = ['log', 'GiB', 'SLAB_BYTES', 'ALIGN', 'HOST_SPARE', 'RING_CHUNKS', 'GP
            'resident_bytes', 'choose_resident', 'OffloadOptimizer', 'cut']
 
 # %% ../nbs/20_offload.ipynb #b5b880af
-import contextlib, ctypes, itertools, logging, os, threading, time, weakref
+import contextlib, ctypes, itertools, logging, math, os, threading, time, weakref
 from collections import defaultdict
 import torch, torch.nn as nn
 from .cli import UsageError
@@ -367,6 +367,7 @@ class OffloadOptimizer:
         self.staging = dict(staging_waits=0, staging_wait_s=0.0, staging_unpooled_gib=0.0)   # since construction: see `_stage`
         self.hooks = [s.p.register_post_accumulate_grad_hook(self._grad_hook(s)) for s in self.slots]
         self.preloaded, self.ring, self.arrival = {}, None, {}   # see `preload`; `arrival`: the last step's gradients' order
+        self.preload_half = None   # the ring `preload` may use, in elements per half: 0 for none (decided at the first step)
 
     def _host(self, shape, dtype):
         t = self.pool.alloc(shape, dtype)
@@ -550,15 +551,19 @@ def _load(self, pc, m, st):
 def _preload(self):
     """At the start of a step's last micro-batch: load the masters and state of the first streamed chunks (in the order
     the last step's gradients arrived) into the ring while the micro-batch computes, so that the step finds them there.
-    Only where the GPU has room for the ring beside the most the run has used so far, and `GPU_HEADROOM` more."""
+    Only where the GPU has room for the ring beside the most the run has used so far, and `GPU_HEADROOM` more: decided
+    once, at the first step, whose earlier micro-batches peaked where the last will (a later reset of the peak counter,
+    as the bench makes to read memory phase by phase, must not make room look free)."""
     self.preloaded, self.ring = {}, None
     streamed = [c for c in _arrival_order(self._chunks(), self.arrival) if not c[0].slot.resident]
     if not streamed: return
     dev = streamed[0][0].p.device
-    half = _ring_half(max(map(_chunk_numel, streamed)), dev)
-    if dev.type == 'cuda':
-        spare = torch.cuda.get_device_properties(dev).total_memory - torch.cuda.max_memory_allocated(dev)
-        if spare - 2 * half * 4 < GPU_HEADROOM: return
+    if self.preload_half is None:
+        half = _ring_half(max(map(_chunk_numel, streamed)), dev)
+        spare = torch.cuda.get_device_properties(dev).total_memory - torch.cuda.max_memory_allocated(dev) if dev.type == 'cuda' else math.inf
+        self.preload_half = half if spare - 2 * half * 4 >= GPU_HEADROOM else 0
+    if not self.preload_half: return
+    half = self.preload_half
     self.ring, at = _Ring(half, dev), 0
     if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())   # the ring's memory, just allocated there
     with self._on(self.h2d):

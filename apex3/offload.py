@@ -181,6 +181,8 @@ class ActivationOffload:
         self.prefetch_bytes = prefetch_bytes
         # one copy stream each way: the backward's first fetches need not queue behind the forward's last stores
         self.stream, self.fetch_stream = (torch.cuda.Stream(), torch.cuda.Stream()) if torch.cuda.is_available() else (None, None)
+        # a fetch backward waits for must not queue behind the prefetches: its own stream, first served
+        self.demand_stream = torch.cuda.Stream(priority=-1) if torch.cuda.is_available() else None
         self.handles, self.seen = [], {}
         self.tensors = self.bytes = self.kept = self.fetched = 0
         self.saved = None   # bytes the last pass saved (offloaded or kept): the budget rule's measure of the next
@@ -193,10 +195,13 @@ class ActivationOffload:
 
     def reset(self):
         "Start a step: give last step's host buffers back to the pool and zero the counters."
-        if self.stream is not None: self.stream.synchronize(); self.fetch_stream.synchronize()
+        if self.stream is not None: self.stream.synchronize(); self.fetch_stream.synchronize(); self.demand_stream.synchronize()
         for h in self.handles: self.pool.release(h.flat)
+        # the order backward asked in, by saving position: good for a pass that saves as many, under the same rule (the
+        # budget's first pass keeps the first tensors, the later ones the last); what it never asked for is not fetched
+        rule_changes = self.keep_bytes is not None and self.saved is None
+        self.order = None if rule_changes or not self.handles else (len(self.handles), self.asked)
         if self.handles or self.kept: self.saved = self.bytes + self.kept
-        self.order = self.asked if self.handles and len(self.asked) == len(self.handles) else None
         self.asked = []; self._restart()
         self.handles, self.seen = [], {}
         self.tensors = self.bytes = self.kept = self.fetched = 0
@@ -241,13 +246,15 @@ ActivationOffload.pack = _pack
 # %% ../nbs/20_offload.ipynb #bbff46ab
 GPU_HEADROOM = 16 * GiB   # GPU memory the offload machinery leaves free for what it cannot foresee (see its uses)
 
-def _fetch(self, h):
-    "Start copying `h` back to its device (once per use: again only if asked after its last, as a second backward does)."
+def _fetch(self, h, stream=None):
+    """Start copying `h` back to its device on `stream` (the prefetch's by default), once per use: again only if asked after
+    its last, as a second backward does."""
     if h.back is not None: return
     self.fetched += h.flat.nbytes; self.ahead += h.flat.nbytes
     if self.stream is not None and h.device.type == 'cuda':
-        with torch.cuda.stream(self.fetch_stream):
-            self.fetch_stream.wait_event(h.ready)
+        stream = stream or self.fetch_stream
+        with torch.cuda.stream(stream):
+            stream.wait_event(h.ready)
             h.back = torch.empty_strided(h.host.shape, h.host.stride(), dtype=h.host.dtype, device=h.device)
             h.back.copy_(h.host, non_blocking=True)
             h.back_ready = torch.cuda.Event(); h.back_ready.record()
@@ -261,7 +268,7 @@ def _prefetch(self):
     "Start fetching, in the order backward will ask, while the fetched-but-unused bytes and the GPU's memory allow."
     if self.plan is None:   # the order the last pass asked in, when it had as many handles; else the reverse of saving
         n = len(self.handles)
-        self.plan = self.order if self.order is not None and len(self.order) == n else list(range(n - 1, -1, -1))
+        self.plan = self.order[1] if self.order is not None and self.order[0] == n else list(range(n - 1, -1, -1))
     while self.cursor < len(self.plan):
         h = self.handles[self.plan[self.cursor]]
         if h.back is None and h.uses > 0:   # not here yet, and still wanted
@@ -280,7 +287,7 @@ def _unpack(self, h):
     t = h
     if isinstance(h, _Offloaded):
         if not h.asked: h.asked = True; self.asked.append(h.index); self.late += h.back is None
-        self._fetch(h)   # on demand, when the prefetch has not reached it
+        self._fetch(h, self.demand_stream)   # on demand, when the prefetch has not reached it
         t, h.uses = h.back, h.uses - 1
         if h.uses <= 0: h.back = None; self.ahead -= h.flat.nbytes   # the last use: the GPU copy goes with it
         if h.back_ready is not None:
@@ -489,7 +496,7 @@ def _update(chunk, m, st, gr):
 
 OffloadOptimizer._chunks = _chunks
 
-# %% ../nbs/20_offload.ipynb #a5053e84
+# %% ../nbs/20_offload.ipynb #c1af6725
 def _chunk_views(buf, chunk):
     "Per-piece views into a flat device buffer laid out as [masters | gradients | state 0 | state 1] of one chunk."
     total, out, off = sum(pc.numel for pc in chunk), [], 0
@@ -554,16 +561,21 @@ def _preload(self):
     Only where the GPU has room for the ring beside the most the run has used so far, and `GPU_HEADROOM` more: decided
     once, at the first step, whose earlier micro-batches peaked where the last will (a later reset of the peak counter,
     as the bench makes to read memory phase by phase, must not make room look free)."""
+    if self.cuda and self.ring is not None: self.h2d.synchronize()   # called again before a step: the old loads land first
     self.preloaded, self.ring = {}, None
-    streamed = [c for c in _arrival_order(self._chunks(), self.arrival) if not c[0].slot.resident]
-    if not streamed: return
-    dev = streamed[0][0].p.device
     if self.preload_half is None:
-        half = _ring_half(max(map(_chunk_numel, streamed)), dev)
+        # sized for every chunk the step may cut, whichever gradients have landed: a chunk of several pieces holds at most
+        # `chunk_bytes` of masters (and as much again of gradients and of up to two states), a larger piece is its own
+        every = [c for c in self._chunks(landing=set(self.slots)) if not c[0].slot.resident]
+        if not every: return
+        dev = every[0][0].p.device
+        half = _ring_half(max(self.chunk_bytes // 4 * 4, *map(_chunk_numel, every)), dev)
         spare = torch.cuda.get_device_properties(dev).total_memory - torch.cuda.max_memory_allocated(dev) if dev.type == 'cuda' else math.inf
         self.preload_half = half if spare - 2 * half * 4 >= GPU_HEADROOM else 0
-    if not self.preload_half: return
-    half = self.preload_half
+    # what has a gradient so far (the others may get none this step), in the order the last step's gradients arrived
+    streamed = [c for c in _arrival_order(self._chunks(), self.arrival) if not c[0].slot.resident]
+    if not self.preload_half or not streamed: return
+    half, dev = self.preload_half, streamed[0][0].p.device
     self.ring, at = _Ring(half, dev), 0
     if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())   # the ring's memory, just allocated there
     with self._on(self.h2d):

@@ -464,14 +464,14 @@ def plot_host_breakdown(rec):
 
 # %% ../nbs/25_bench.ipynb #57a33b3d
 def plot_predicted_vs_measured(pvm):
-    "Each planner figure against what the run measured, one point per run; on the diagonal the plan was right."
+    "Each planner figure against what the run measured, one point per run (numbered as the rows of `pvm`); on the diagonal the plan was right."
     import matplotlib.pyplot as plt
     pairs = [('micro_s', 'micro-batch s'), ('opt_s', 'optimizer step s'), ('gpu_gib', 'GPU GiB'), ('act_gib', 'offloaded GiB')]
     fig, axs = plt.subplots(1, len(pairs), figsize=(13, 3.2))
     for ax, (k, title) in zip(axs, pairs):
         pred, meas = pvm[f'{k}_pred'], pvm[f'{k}_meas']
         ax.scatter(pred, meas)
-        for name, x, y in zip(pvm.index, pred, meas): ax.annotate(name, (x, y), fontsize=7)
+        for n, (x, y) in enumerate(zip(pred, meas)): ax.annotate(str(n), (x, y), fontsize=7, xytext=(3, 2), textcoords='offset points')
         hi = max(pred.max(), meas.max()) * 1.15
         ax.plot([0, hi], [0, hi], 'k--', lw=0.8); ax.set(xlim=(0, hi), ylim=(0, hi), xlabel='predicted', ylabel='measured', title=title)
     fig.tight_layout()

@@ -608,7 +608,6 @@ def _step(self):
     streamed = [c for c in chunks if not c[0].slot.resident]
     dev = streamed[0][0].p.device if streamed else None
     if ring is None and streamed: ring = _Ring(_ring_half(max(map(_chunk_numel, streamed)), dev), dev)
-    stream = self._on
     on_device = lambda pc: pc.acc.device == pc.p.device   # its gradient needs no trip up
     for chunk in chunks:
         tw = time.perf_counter()
@@ -622,7 +621,7 @@ def _step(self):
         loaded = id(chunk) in pre   # its masters and state are on their way already
         region, written_back = pre[id(chunk)][1] if loaded else ring.take(_chunk_numel(chunk))
         views = _chunk_views(region, chunk)
-        with stream(self.h2d):
+        with self._on(self.h2d):
             if written_back is not None: self.h2d.wait_event(written_back)   # what last used this memory has gone down
             for pc, (m, g, st) in zip(chunk, views):
                 if not loaded: self._load(pc, m, st)
@@ -632,7 +631,7 @@ def _step(self):
                 [pc.acc if on_device(pc) else g for pc, (_, g, _) in zip(chunk, views)])
         for pc, (m, _, _) in zip(chunk, views): pc.p.copy_(m)  # the new working weights, cast to the model's dtype
         if self.cuda: self.d2h.wait_stream(torch.cuda.current_stream())
-        with stream(self.d2h):
+        with self._on(self.d2h):
             for pc, (m, _, st) in zip(chunk, views):
                 pc.master.copy_(m, non_blocking=True)
                 for h, d in zip(pc.state, st): h.copy_(d, non_blocking=True)

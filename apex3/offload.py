@@ -497,12 +497,17 @@ def _update(chunk, m, st, gr):
 OffloadOptimizer._chunks = _chunks
 
 # %% ../nbs/20_offload.ipynb #c1af6725
+def _grad_room(chunk):
+    "Whether a chunk needs device room for gradients: some piece of it accumulates on the host."
+    return any(pc.acc.device != pc.p.device for pc in chunk)
+
 def _chunk_views(buf, chunk):
-    "Per-piece views into a flat device buffer laid out as [masters | gradients | state 0 | state 1] of one chunk."
-    total, out, off = sum(pc.numel for pc in chunk), [], 0
+    """Per-piece views into a flat device buffer laid out as [masters | gradients | state 0 | state 1] of one chunk; without
+    gradient room (every piece accumulates on the device) [masters | state 0 | state 1], and None for the gradient."""
+    total, out, off, g = sum(pc.numel for pc in chunk), [], 0, _grad_room(chunk)
     for pc in chunk:
         region = lambda r, off=off, pc=pc: buf[r * total + off: r * total + off + pc.numel].view(pc.master.shape)
-        out.append((region(0), region(1), [region(2 + r) for r in range(len(pc.state))]))
+        out.append((region(0), region(1) if g else None, [region(1 + g + r) for r in range(len(pc.state))]))
         off += pc.numel
     return out
 
@@ -538,8 +543,8 @@ def _ring_half(largest, device):
     return max(largest, min(half, free // 2 // 4 // 2))   # at most half of what is free, in FP32 elements, over two halves
 
 def _chunk_numel(chunk):
-    "FP32 elements a chunk takes on the device: masters, gradients and state."
-    return sum(pc.numel for pc in chunk) * (2 + len(chunk[0].state))
+    "FP32 elements a chunk takes on the device: masters, gradients (where they cross) and state."
+    return sum(pc.numel for pc in chunk) * (1 + _grad_room(chunk) + len(chunk[0].state))
 
 def _arrival_order(chunks, arrival):
     "Chunks in the order their last gradient reached the host (`arrival`: slot -> rank); those with none first, in order."

@@ -497,6 +497,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload._fetch': ('offload.html#_fetch', 'apex3/offload.py'),
                                'apex3.offload._grad_hook': ('offload.html#_grad_hook', 'apex3/offload.py'),
                                'apex3.offload._grad_room': ('offload.html#_grad_room', 'apex3/offload.py'),
+                               'apex3.offload._grad_stays': ('offload.html#_grad_stays', 'apex3/offload.py'),
                                'apex3.offload._hooks': ('offload.html#_hooks', 'apex3/offload.py'),
                                'apex3.offload._load': ('offload.html#_load', 'apex3/offload.py'),
                                'apex3.offload._load_state_dict': ('offload.html#_load_state_dict', 'apex3/offload.py'),

@@ -497,9 +497,13 @@ def _update(chunk, m, st, gr):
 OffloadOptimizer._chunks = _chunks
 
 # %% ../nbs/20_offload.ipynb #c1af6725
+def _grad_stays(pc):
+    "Whether piece `pc` accumulates its gradient on its parameter's device (no trip up in the step)."
+    return pc.acc.device == pc.p.device
+
 def _grad_room(chunk):
     "Whether a chunk needs device room for gradients: some piece of it accumulates on the host."
-    return any(pc.acc.device != pc.p.device for pc in chunk)
+    return not all(map(_grad_stays, chunk))
 
 def _chunk_views(buf, chunk):
     """Per-piece views into a flat device buffer laid out as [masters | gradients | state 0 | state 1] of one chunk; without
@@ -590,7 +594,7 @@ def _preload(self):
             if at + n > 2 * half: break
             region = self.ring.buf[at:at + n]; at += n
             for pc, (m, _, st) in zip(chunk, _chunk_views(region, chunk)): self._load(pc, m, st)
-            self.preloaded[id(chunk)] = (chunk, (region, None))
+            self.preloaded[id(chunk)] = (chunk, region)
 
 OffloadOptimizer._on, OffloadOptimizer._load, OffloadOptimizer.preload = _on, _load, _preload
 
@@ -613,7 +617,6 @@ def _step(self):
     streamed = [c for c in chunks if not c[0].slot.resident]
     dev = streamed[0][0].p.device if streamed else None
     if ring is None and streamed: ring = _Ring(_ring_half(max(map(_chunk_numel, streamed)), dev), dev)
-    on_device = lambda pc: pc.acc.device == pc.p.device   # its gradient needs no trip up
     for chunk in chunks:
         tw = time.perf_counter()
         for pc in chunk:
@@ -624,16 +627,16 @@ def _step(self):
             for pc in chunk: pc.p.copy_(pc.master)
             continue
         loaded = id(chunk) in pre   # its masters and state are on their way already
-        region, written_back = pre[id(chunk)][1] if loaded else ring.take(_chunk_numel(chunk))
+        region, written_back = (pre[id(chunk)][1], None) if loaded else ring.take(_chunk_numel(chunk))
         views = _chunk_views(region, chunk)
         with self._on(self.h2d):
             if written_back is not None: self.h2d.wait_event(written_back)   # what last used this memory has gone down
             for pc, (m, g, st) in zip(chunk, views):
                 if not loaded: self._load(pc, m, st)
-                if not on_device(pc): g.copy_(pc.acc, non_blocking=True)
+                if not _grad_stays(pc): g.copy_(pc.acc, non_blocking=True)
         if self.cuda: torch.cuda.current_stream().wait_stream(self.h2d)
         _update(chunk, [m for m, _, _ in views], [st for _, _, st in views],
-                [pc.acc if on_device(pc) else g for pc, (_, g, _) in zip(chunk, views)])
+                [pc.acc if _grad_stays(pc) else g for pc, (_, g, _) in zip(chunk, views)])
         for pc, (m, _, _) in zip(chunk, views): pc.p.copy_(m)  # the new working weights, cast to the model's dtype
         if self.cuda: self.d2h.wait_stream(torch.cuda.current_stream())
         with self._on(self.d2h):

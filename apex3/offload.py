@@ -251,14 +251,17 @@ def _fetch(self, h, stream=None):
     its last, as a second backward does."""
     if h.back is not None: return
     self.fetched += h.flat.nbytes; self.ahead += h.flat.nbytes
+    # allocated on the compute stream, whose freed memory serves it and which will free it (not the copy stream's share
+    # of the caching allocator, which only the copy stream's allocations can reuse)
+    h.back = torch.empty_strided(h.host.shape, h.host.stride(), dtype=h.host.dtype, device=h.device)
     if self.stream is not None and h.device.type == 'cuda':
         stream = stream or self.fetch_stream
+        stream.wait_stream(torch.cuda.current_stream())   # work queued there may still use that memory
+        stream.wait_event(h.ready)
         with torch.cuda.stream(stream):
-            stream.wait_event(h.ready)
-            h.back = torch.empty_strided(h.host.shape, h.host.stride(), dtype=h.host.dtype, device=h.device)
             h.back.copy_(h.host, non_blocking=True)
             h.back_ready = torch.cuda.Event(); h.back_ready.record()
-    else: h.back = torch.empty_strided(h.host.shape, h.host.stride(), dtype=h.host.dtype, device=h.device).copy_(h.host)
+    else: h.back.copy_(h.host)
 
 def _over_ceiling(self, h):
     "Whether fetching `h` now would take the GPU's memory in use past the ceiling `prefetch_tail` set."
@@ -291,7 +294,7 @@ def _unpack(self, h):
         t, h.uses = h.back, h.uses - 1
         if h.uses <= 0: h.back = None; self.ahead -= h.flat.nbytes   # the last use: the GPU copy goes with it
         if h.back_ready is not None:
-            torch.cuda.current_stream().wait_event(h.back_ready); t.record_stream(torch.cuda.current_stream())
+            torch.cuda.current_stream().wait_event(h.back_ready)
     if self.prefetch_bytes: self._prefetch()   # after the tensor asked for, never ahead of it in the copy queue
     return t
 

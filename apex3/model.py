@@ -7,15 +7,15 @@ __all__ = ['log', 'HAS_FA3', 'HAS_VARLEN', 'HAS_FLEX', 'AUTO_ORDER', 'CPU_GROUPE
            'apply_rope', 'doc_ids', 'doc_starts', 'cu_seqlens', 'doc_overflow', 'backend_available', 'resolve_backend',
            'AttnMeta', 'doc_block_mask', 'attention_meta', 'repeat_kv', 'attn_reference', 'attn_sdpa', 'attn_flex',
            'attn_varlen', 'attn_fa3', 'attend', 'Attention', 'route', 'seq_aux_loss', 'grouped_mm_ok', 'swiglu',
-           'Experts', 'SharedExpert', 'expert_counts', 'dispatch', 'MoE', 'Block', 'lm_loss', 'Transformer',
-           'module_param_counts', 'graph_break_count', 'KVCache', 'generate', 'bench_matmul', 'attention_flops',
-           'bench_attention', 'moe_flops', 'bench_moe_layer']
+           'scaled_swiglu', 'gather_grouped_mm', 'Experts', 'SharedExpert', 'expert_counts', 'dispatch', 'MoE', 'Block',
+           'lm_loss', 'Transformer', 'module_param_counts', 'graph_break_count', 'KVCache', 'generate', 'bench_matmul',
+           'attention_flops', 'bench_attention', 'moe_flops', 'bench_moe_layer']
 
 # %% ../nbs/10_model.ipynb #af14d471
 import functools, importlib.util, logging, math
 from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, CheckpointPolicy, create_selective_checkpoint_contexts
 from .config import ModelConfig, get_config
 
 # %% ../nbs/10_model.ipynb #b08dcb29
@@ -253,6 +253,39 @@ def swiglu(h):
     gate, up = h.chunk(2, -1)
     return F.silu(gate) * up
 
+def scaled_swiglu(h, scale=None):
+    "SwiGLU of `h` [M, 2F], each row times its `scale` [M] (a routing gate) when given."
+    s = swiglu(h)
+    return s if scale is None else s * scale[:, None].to(s.dtype)
+
+class _GatherGroupedMM(torch.autograd.Function):
+    """`torch._grouped_mm(x[rows], w, offs=offs)` that keeps `x` and `rows` for backward and gathers again there, rather
+    than the gathered copy, which holds each token once per expert it chose (k times `x`'s bytes)."""
+    @staticmethod
+    def forward(ctx, x, rows, w, offs):
+        ctx.save_for_backward(x, rows, w, offs)
+        return torch._grouped_mm(x[rows], w, offs=offs)
+
+    @staticmethod
+    def backward(ctx, dh):
+        x, rows, w, offs = ctx.saved_tensors
+        # the gradients autograd takes through the gather and the grouped GEMM, the same calls
+        dxg = torch._grouped_mm(dh, w.transpose(-2, -1), offs=offs)
+        dx = torch.zeros_like(x).index_put_((rows,), dxg, accumulate=True)
+        return dx, None, torch._grouped_mm(x[rows].t(), dh, offs=offs), None
+
+def _recompute_gathers(ctx, op, *args, **kwargs):
+    "Selective checkpointing's policy for `gather_grouped_mm` when compiled: the gather again in backward, the rest kept."
+    return CheckpointPolicy.PREFER_RECOMPUTE if op is torch.ops.aten.index.Tensor else CheckpointPolicy.MUST_SAVE
+
+def gather_grouped_mm(x, rows, w, offs):
+    "`torch._grouped_mm(x[rows], w, offs=offs)`, keeping `x` and `rows` for backward rather than the gathered rows."
+    if not torch.compiler.is_compiling(): return _GatherGroupedMM.apply(x, rows, w, offs)
+    # compiled, the partitioner would merge the two gathers and keep the result: a GEMM's input is never recomputed
+    # unless marked so, and selective checkpointing is how to mark it
+    return checkpoint(lambda x, rows, w, offs: torch._grouped_mm(x[rows], w, offs=offs), x, rows, w, offs, use_reentrant=False,
+                      context_fn=functools.partial(create_selective_checkpoint_contexts, _recompute_gathers))
+
 class Experts(nn.Module):
     "E routed SwiGLU experts as stacked weights: `w_gate_up` [E, 2F, d], `w_down` [E, d, F]."
     def __init__(self, n_experts, d_model, ffn):
@@ -261,22 +294,25 @@ class Experts(nn.Module):
         self.w_down = nn.Parameter(torch.empty(n_experts, d_model, ffn))
         self.impl = 'auto'   # 'auto' | 'grouped' | 'loop'
 
-    def forward(self, x, counts):
-        "x: [M, d] rows grouped by expert in expert order; counts: [E] rows per expert."
+    def forward(self, x, counts, scale=None, rows=None):
+        """The experts' outputs for rows `x[rows]` (or `x`), [M, d], grouped by expert in expert order; counts: [E] rows per
+        expert; scale: [M] weights of the rows' outputs."""
         # autocast does not cover `_grouped_mm`: do what it does for a linear, or fp32 masters would run the fp32 loop
         if torch.is_autocast_enabled(x.device.type): x = x.to(torch.get_autocast_dtype(x.device.type))
         grouped = self.impl == 'grouped' or (self.impl == 'auto' and grouped_mm_ok(x))
-        return self._grouped(x, counts) if grouped else self._loop(x, counts)
+        return self._grouped(x, counts, scale, rows) if grouped else self._loop(x if rows is None else x[rows], counts, scale)
 
-    def _grouped(self, x, counts):
+    def _grouped(self, x, counts, scale, rows):
         offs = counts.cumsum(0).to(torch.int32)
-        w1, w2 = self.w_gate_up.to(x.dtype), self.w_down.to(x.dtype)
-        h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
-        return torch._grouped_mm(swiglu(h), w2.transpose(-2, -1), offs=offs)
+        w1, w2 = self.w_gate_up.to(x.dtype).transpose(-2, -1), self.w_down.to(x.dtype).transpose(-2, -1)
+        h = torch._grouped_mm(x, w1, offs=offs) if rows is None else gather_grouped_mm(x, rows, w1, offs)
+        return torch._grouped_mm(scaled_swiglu(h, scale), w2, offs=offs)
 
-    def _loop(self, x, counts):
-        outs = [F.linear(swiglu(F.linear(xe, self.w_gate_up[e])), self.w_down[e])
-                for e, xe in enumerate(x.split(counts.tolist()))]
+    def _loop(self, x, counts, scale):
+        rows = counts.tolist()
+        scales = [None] * len(rows) if scale is None else scale.split(rows)
+        outs = [F.linear(scaled_swiglu(F.linear(xe, self.w_gate_up[e]), se), self.w_down[e])
+                for e, (xe, se) in enumerate(zip(x.split(rows), scales))]
         return torch.cat(outs)
 
 class SharedExpert(nn.Module):
@@ -297,10 +333,9 @@ def dispatch(experts, x, idx, gates):
     "Routed expert output for tokens `x` [N, d] with choices `idx` [N, k] and gates [N, k]."
     N, k = idx.shape
     order = idx.flatten().argsort(stable=True)              # rows grouped by expert
-    y = experts(x[order // k], expert_counts(idx, experts.w_gate_up.shape[0]))
+    y = experts(x, expert_counts(idx, experts.w_gate_up.shape[0]), gates.flatten()[order], rows=order // k)
     unsort = torch.empty_like(order).scatter_(0, order, torch.arange(N * k, device=x.device))
-    y = y[unsort].view(N, k, -1)                             # back to token order, one row per choice
-    return torch.bmm(gates.to(y.dtype)[:, None, :], y).squeeze(1)
+    return y[unsort].view(N, k, -1).sum(1)                   # back to token order: each token's k weighted rows
 
 # %% ../nbs/10_model.ipynb #7c3efde0
 class MoE(nn.Module):

@@ -433,8 +433,11 @@ class OffloadPlan:
                 f'  Flags        {self.flags()}')
 
 # %% ../nbs/00_plan.ipynb #c14f2451
-GEMM_SAVED = dict(tensors=9, bytes_per_token_d=26)   # per layer, measured (C, FP8 tensorwise, records/bench.jsonl)
-ACT_BYTES_PER_TOKEN_D = 50                           # saved per layer, measured (C7 record, no activation offload)
+# Saved per layer, measured (C, FP8 tensorwise: GEMM inputs in records/bench.jsonl, all of it in the C7 record without
+# activation offload), less what chapter 10_model stopped saving since: the experts' outputs (8, not a GEMM input) and
+# their gathered inputs (8, a GEMM input, now kept as the tokens, 2); the H200 records from 20b90c5 on check it.
+GEMM_SAVED = dict(tensors=9, bytes_per_token_d=26 - 8 + 2)
+ACT_BYTES_PER_TOKEN_D = 50 - 8 - 8 + 2
 PUBLISHED_ACT_OFFLOAD = 72                           # --act-offload of the published flag line
 HOST_OVERHEAD_GIB = 3                                # the process beside its pinned pools (1.9 GiB measured, C4-C7)
 HOST_SLAB_WASTE = 1.06                               # pinned slabs over what is cut from them (20_offload, C's sizes)

@@ -511,6 +511,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload._on': ('offload.html#_on', 'apex3/offload.py'),
                                'apex3.offload._over_ceiling': ('offload.html#_over_ceiling', 'apex3/offload.py'),
                                'apex3.offload._pack': ('offload.html#_pack', 'apex3/offload.py'),
+                               'apex3.offload._packed': ('offload.html#_packed', 'apex3/offload.py'),
                                'apex3.offload._pieces': ('offload.html#_pieces', 'apex3/offload.py'),
                                'apex3.offload._pow2': ('offload.html#_pow2', 'apex3/offload.py'),
                                'apex3.offload._pow2_floor': ('offload.html#_pow2_floor', 'apex3/offload.py'),

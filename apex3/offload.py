@@ -566,6 +566,15 @@ def _load(self, pc, m, st):
     m.copy_(pc.master, non_blocking=True)
     for d, h in zip(st, pc.state): d.copy_(h, non_blocking=True)
 
+def _packed(chunks, half):
+    "The leading `chunks` that fit a ring of two halves of `half` elements, each within one half, and their offsets there."
+    at = 0
+    for chunk in chunks:
+        n = _chunk_numel(chunk)
+        if at < half < at + n: at = half
+        if at + n > 2 * half: return
+        yield chunk, at; at += n
+
 @torch.no_grad()
 def _preload(self):
     """At the start of a step's last micro-batch: load the masters and state of the first streamed chunks (in the order
@@ -588,14 +597,11 @@ def _preload(self):
     streamed = [c for c in _arrival_order(self._chunks(), self.arrival) if not c[0].slot.resident]
     if not self.preload_half or not streamed: return
     half, dev = self.preload_half, streamed[0][0].p.device
-    self.ring, at = _Ring(half, dev), 0
+    self.ring = _Ring(half, dev)
     if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())   # the ring's memory, just allocated there
     with self._on(self.h2d):
-        for chunk in streamed:   # packed from the start, each within one half, until the ring is full
-            n = _chunk_numel(chunk)
-            if at < half < at + n: at = half
-            if at + n > 2 * half: break
-            region = self.ring.buf[at:at + n]; at += n
+        for chunk, at in _packed(streamed, half):
+            region = self.ring.buf[at:at + _chunk_numel(chunk)]
             for pc, (m, _, st) in zip(chunk, _chunk_views(region, chunk)): self._load(pc, m, st)
             self.preloaded[id(chunk)] = (chunk, region)
 

@@ -373,7 +373,8 @@ class OffloadOptimizer:
         dev = self.slots[0].p.device   # the streams on the model's GPU, whichever is current
         self.h2d, self.d2h = (torch.cuda.Stream(dev), torch.cuda.Stream(dev)) if self.cuda else (None, None)
         self.worker, self.pending, self.staged = ThreadPoolExecutor(1), [], defaultdict(list)   # staged: bytes -> futures
-        self.timings = dict(wait_s=0.0, stream_s=0.0)   # of the last step: the host accumulation tail, then the streamed update
+        self.timings = dict(wait_s=0.0, stream_s=0.0, preloaded_gib=0.0)   # of the last step: the host accumulation tail, the
+                                                                            # streamed update, what `preload` loaded before it
         self.staging = dict(staging_waits=0, staging_wait_s=0.0, staging_unpooled_gib=0.0)   # since construction: see `_stage`
         self.hooks = [s.p.register_post_accumulate_grad_hook(self._grad_hook(s)) for s in self.slots]
         self.preloaded, self.ring, self.arrival = {}, None, {}   # see `preload`; `arrival`: the last step's gradients' order
@@ -659,7 +660,8 @@ def _step(self):
     if self.cuda: self.d2h.synchronize()   # the ring is free again when this returns
     self.wait()   # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
     total = time.perf_counter() - t0
-    self.timings = dict(wait_s=waited, stream_s=total - waited)
+    preloaded = sum(pc.numel * 4 * (1 + len(pc.state)) for c, _ in pre.values() for pc in c)   # masters and state
+    self.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=preloaded / GiB)
 
 def _zero_grad(self, set_to_none=True):
     "Gradients live in the accumulators; the next micro-batch overwrites them (see `fresh`)."

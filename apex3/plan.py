@@ -503,7 +503,7 @@ def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kern
     return flops, compute, link, host, opt
 
 # %% ../nbs/00_plan.ipynb #4076adc5
-def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=0.15,
+def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=None,
                  kernel_eff=KERNEL_EFF, layers=None, offload_accum=None, act_offload=None, offload_gpu_gib=None,
                  host_accum_per_s=HOST_ACCUM_PER_S) -> OffloadPlan:
     """Plan one-GPU training with host offload: the most layers whose memory fits GPU and host (fewer if the host is short),
@@ -516,7 +516,7 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
     link_gbs = link_speed(link_gbs)
     gpu_budget, host_budget = MEM_FRACTION * g.mem_gb, MEM_FRACTION * host_gib
 
-    def flagged(c, n, accum_on, act_n):
+    def flagged(c, n, accum_on, act_n, act_budget):
         "The plan of `c` with these flags, keeping whole GiB of optimizer state where the GPU has room (unless told)."
         budgets = functools.partial(_offload_budgets, c, n, g, micro_bs, act_budget, accum_on, act_offload=act_n)
         keep = offload_gpu_gib if offload_gpu_gib is not None else max(0, math.floor((gpu_budget - budgets()[0] / GiB) / 1.05))
@@ -533,9 +533,13 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
         c = replace(base, n_layers=L); n = param_counts(c)
         plans = []
         for acc in [offload_accum] if offload_accum else ['gpu', 'cpu']:   # unless told, the faster of the two
-            # unless told, activations leave the GPU only as its budget needs (each crosses the link twice, and the
+            # unless told, activations leave the GPU only as its budget needs: the published 0.15 of its memory kept,
+            # lowered a hundredth at a time until the rest fits (each offloaded tensor crosses the link twice, and the
             # records show a micro-batch slowed by copies its compute should hide), else the published line's 72
-            tries = [flagged(c, n, acc, act_n) for act_n in ([act_offload] if act_offload is not None else [0, PUBLISHED_ACT_OFFLOAD])]
+            keeps = [act_budget] if act_budget is not None else [round(0.15 - i / 100, 2) for i in range(11)]
+            flag_sets = [(act_offload, b) for b in keeps] if act_offload is not None else \
+                        [(0, b) for b in keeps] + [(PUBLISHED_ACT_OFFLOAD, act_budget or 0.15)]
+            tries = [flagged(c, n, acc, act_n, b) for act_n, b in flag_sets]
             plans.append(next(filter(fits, tries), tries[-1]))
         if good := [p for p in plans if fits(p)] or (plans if layers else []): return max(good, key=lambda p: p.mfu_at_batch)
     raise UsageError(f'config {base.name} does not fit one {g.name} with {host_gib:g} GiB of host memory even with 1 layer')

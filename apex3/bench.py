@@ -42,6 +42,8 @@ def add_run_flags(p):
                    help='GiB of FP32 masters, optimizer state and accumulators that stay on the GPU with --offload (`apex3 plan` says how much fits)')
     p.add_argument('--offload-accum-gpu-gib', type=float, default=0.0,
                    help='with --offload-accum cpu: GiB of FP32 gradient accumulators kept on the GPU instead (the first parameters)')
+    p.add_argument('--step-overlap', action='store_true',
+                   help='with --offload: stream the optimizer step of GPU-accumulated parameters during the last backward')
     p.add_argument('--act-offload', type=int, default=0, help='saved tensors per micro-batch stored on the host')
     p.add_argument('--act-budget', type=float, help='fraction of GPU memory activations may keep; the rest go to the host')
     p.add_argument('--gemm-offload', default='none', choices=['none', 'hooks'], help='offload only what GEMMs save')
@@ -60,6 +62,7 @@ def check_run_flags(a):
         if getattr(a, flag) < 0: raise UsageError(f"--{flag.replace('_', '-')} is GiB kept on the GPU: at least 0, not {getattr(a, flag):g}")
     if a.act_budget is not None and not 0 <= a.act_budget <= 1: raise UsageError(f'--act-budget is a fraction in [0, 1], not {a.act_budget}')
     if a.act_prefetch_gib < 0: raise UsageError(f'--act-prefetch-gib is GiB fetched ahead: at least 0, not {a.act_prefetch_gib:g}')
+    if a.step_overlap and not a.offload: raise UsageError('--step-overlap streams the offloaded optimizer step: add --offload')
     try: dev = torch.device(a.device)
     except RuntimeError: raise UsageError(f'--device {a.device!r} is not a device (cpu, cuda, cuda:N)') from None
     if dev.type == 'cuda' and not torch.cuda.is_available(): raise UsageError('--device cuda: no CUDA device is available')
@@ -133,7 +136,7 @@ class Run:
         self.host_setup.append(dict(phase='model', **host_memory()))
         self.autocast = not a.offload and self.device.type == 'cuda'
         self.opt = (OffloadOptimizer(self.model, accum=a.offload_accum, gpu_bytes=int(a.offload_gpu_gib * GiB),
-                                     accum_gpu_bytes=int(a.offload_accum_gpu_gib * GiB), lr=a.lr) if a.offload
+                                     accum_gpu_bytes=int(a.offload_accum_gpu_gib * GiB), overlap=a.step_overlap, lr=a.lr) if a.offload
                     else build_optimizer(self.model, lr=a.lr))
         self.host_setup.append(dict(phase='optimizer', **host_memory()))
         self.z_parts = []   # the z-loss part of every loss call since the last optimizer step (for the step log)

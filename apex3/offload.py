@@ -8,7 +8,7 @@ __all__ = ['log', 'GiB', 'SLAB_BYTES', 'ALIGN', 'HOST_SPARE', 'RING_CHUNKS', 'GP
            'resident_bytes', 'choose_resident', 'OffloadOptimizer', 'cut']
 
 # %% ../nbs/20_offload.ipynb #b5b880af
-import contextlib, ctypes, itertools, logging, math, os, threading, time, weakref
+import collections, contextlib, ctypes, itertools, logging, math, os, threading, time, weakref
 from collections import defaultdict
 import torch, torch.nn as nn
 from .cli import UsageError
@@ -350,7 +350,8 @@ class _Slot:
 # %% ../nbs/20_offload.ipynb #b8816668
 class OffloadOptimizer:
     "Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU (but for `gpu_bytes` of it)."
-    def __init__(self, model, accum='cpu', pool=None, chunk_bytes=512 * 2**20, gpu_bytes=0, accum_gpu_bytes=0, **opt_kwargs):
+    def __init__(self, model, accum='cpu', pool=None, chunk_bytes=512 * 2**20, gpu_bytes=0, accum_gpu_bytes=0, overlap=False,
+                 **opt_kwargs):
         if accum not in ('cpu', 'gpu'): raise UsageError(f"--offload-accum must be cpu or gpu, got {accum!r}")
         self.reference = build_optimizer(model, **opt_kwargs)  # the groups and hyperparameters; its state stays empty
         self.accum, self.chunk_bytes = accum, chunk_bytes
@@ -372,13 +373,16 @@ class OffloadOptimizer:
         self.cuda = any(s.p.is_cuda for s in self.slots)
         dev = self.slots[0].p.device   # the streams on the model's GPU, whichever is current
         self.h2d, self.d2h = (torch.cuda.Stream(dev), torch.cuda.Stream(dev)) if self.cuda else (None, None)
+        self.upd = torch.cuda.Stream(dev) if self.cuda and overlap else None   # updates beside the last backward
         self.worker, self.pending, self.staged = ThreadPoolExecutor(1), [], defaultdict(list)   # staged: bytes -> futures
-        self.timings = dict(wait_s=0.0, stream_s=0.0, preloaded_gib=0.0)   # of the last step: the host accumulation tail, the
-                                                                            # streamed update, what `preload` loaded before it
+        # of the last step: the host accumulation tail, the streamed update, what `preload` loaded before it, what streamed
+        # during the last backward (`overlap`)
+        self.timings = dict(wait_s=0.0, stream_s=0.0, preloaded_gib=0.0, early_gib=0.0)
         self.staging = dict(staging_waits=0, staging_wait_s=0.0, staging_unpooled_gib=0.0)   # since construction: see `_stage`
         self.hooks = [s.p.register_post_accumulate_grad_hook(self._grad_hook(s)) for s in self.slots]
         self.preloaded, self.ring, self.arrival = {}, None, {}   # see `preload`; `arrival`: the last step's gradients' order
         self.preload_half = None   # the ring `preload` may use, in elements per half: 0 for none (decided at the first step)
+        self.overlap, self.early, self.final_order, self.gpu_arrival = overlap, None, {}, {}   # see `_arm_early`
 
     def _host(self, shape, dtype):
         t = self.pool.alloc(shape, dtype)
@@ -413,7 +417,10 @@ class OffloadOptimizer:
 def _grad_hook(self, s):
     def hook(p):
         g, p.grad = p.grad, None  # the GPU copy is freed as soon as it is on its way
-        if s.p in self.gpu_accum or not g.is_cuda: return self._add(s, g)
+        if s.p in self.gpu_accum or not g.is_cuda:
+            self._add(s, g)
+            if self.early is not None: self._gradient_final(s)   # the last micro-batch of a step that overlaps it
+            return
         stage, pooled = self._stage(g)
         self.d2h.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.d2h):
@@ -524,24 +531,37 @@ class _Ring:
     def __init__(self, half, device):
         self.buf, self.half = torch.empty(2 * half, device=device), half
         self.lent, self.done, self.count = [], -1, 0   # (start, end, order, event) still read; waited for up to order `done`
+        self.held = []   # (start, end) taken and not yet lent: a chunk loaded, not yet updated
 
     def take(self, numel):
-        "`numel` elements, and the event of the last write-back still reading any of them (None: nothing to wait for)."
+        """`numel` elements, and the event of the last write-back still reading any of them (None: nothing to wait for);
+        (None, None) when only memory held by chunks not yet lent could take it."""
         h = self.half
-        # where a chunk can start: a half's start, or the end of a lent region, if it then stays within that half
-        starts = [a for a in {0, h, *(e for _, e, _, _ in self.lent)} if a + numel <= (h if a < h else 2 * h)]
+        # where a chunk can start: a half's start, or the end of a lent or held region, if it then stays within that half
+        # and clear of what is held
+        starts = [a for a in {0, h, *(e for _, e, _, _ in self.lent), *(e for _, e in self.held)}
+                  if a + numel <= (h if a < h else 2 * h) and not any(s < a + numel and a < e for s, e in self.held)]
+        if not starts: return None, None
         latest = {a: max((x for x in self.lent if x[0] < a + numel and a < x[1]), key=lambda x: x[2], default=None) for a in starts}
         # the oldest last reader; never the chunk before, which the other half's start does not touch
         start = min(starts, key=lambda a: (-1 if latest[a] is None else latest[a][2], a))
         region, last = self.buf[start:start + numel], latest[start]
+        self.held.append((start, start + numel))
         if last is None: return region, None
         self.done = last[2]   # write-backs run in order on one stream: the older ones are done when this one is
         self.lent = [x for x in self.lent if x[2] > self.done]
         return region, last[3]
 
+    def hold(self, start, numel):
+        "The `numel` elements at `start`, held until lent (the chunks `preload` places itself)."
+        self.held.append((start, start + numel))
+        return self.buf[start:start + numel]
+
     def lend(self, region, event):
-        "Record that `region` is read by the write-back that `event` marks the end of."
-        self.lent.append((region.storage_offset(), region.storage_offset() + region.numel(), self.count, event)); self.count += 1
+        "Record that `region` is read by the write-back that `event` marks the end of (None: by nothing any more)."
+        a, b = region.storage_offset(), region.storage_offset() + region.numel()
+        self.held.remove((a, b))
+        if event is not None: self.lent.append((a, b, self.count, event)); self.count += 1
 
 def _ring_half(largest, device):
     "Elements of each half of the step's ring: RING_CHUNKS / 2 of the `largest` chunk, fewer if the GPU has less free, never below one."
@@ -583,6 +603,7 @@ def _preload(self):
     Only where the GPU has room for the ring beside the most the run has used so far, and `GPU_HEADROOM` more: decided
     once, at the first step, whose earlier micro-batches peaked where the last will (a later reset of the peak counter,
     as the bench makes to read memory phase by phase, must not make room look free)."""
+    if self.overlap: return self._arm_early()
     if self.cuda and self.ring is not None: self.h2d.synchronize()   # called again before a step: the old loads land first
     self.preloaded, self.ring = {}, None
     if self.preload_half is None:
@@ -602,16 +623,50 @@ def _preload(self):
     if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())   # the ring's memory, just allocated there
     with self._on(self.h2d):
         for chunk, at in _packed(streamed, half):
-            region = self.ring.buf[at:at + _chunk_numel(chunk)]
+            region = self.ring.hold(at, _chunk_numel(chunk))
             for pc, (m, _, st) in zip(chunk, _chunk_views(region, chunk)): self._load(pc, m, st)
             self.preloaded[id(chunk)] = (chunk, region)
 
 OffloadOptimizer._on, OffloadOptimizer._load, OffloadOptimizer.preload = _on, _load, _preload
 
+def _take_and_load(self, chunk, ring, region=None):
+    """Device room for `chunk` in `ring` (or the `region` that `preload` filled) and, on the copy stream, the copies up of
+    what it lacks there: masters and state unless preloaded, gradients that accumulated on the host. Returns the chunk, its
+    region, its views and the event that marks its copies up."""
+    preloaded = region is not None
+    region, written_back = (region, None) if preloaded else ring.take(_chunk_numel(chunk))
+    if region is None: return None   # the ring is held by chunks loaded and not yet updated (during backward)
+    views = _chunk_views(region, chunk)
+    with self._on(self.h2d):
+        if written_back is not None: self.h2d.wait_event(written_back)   # what last used this memory has gone down
+        for pc, (m, g, st) in zip(chunk, views):
+            if not preloaded: self._load(pc, m, st)
+            if not _grad_stays(pc): g.copy_(pc.acc, non_blocking=True)
+        if self.cuda: (up := torch.cuda.Event()).record()
+    return chunk, region, views, up if self.cuda else None
+
+def _update_and_write_back(self, ring, loaded, stream=None):
+    """Update a chunk `_take_and_load` placed, once its copies are up, on `stream` (the current one by default); set the
+    model's weights; send masters and state down."""
+    chunk, region, views, up = loaded
+    with self._on(stream) if stream is not None else contextlib.nullcontext():
+        if up is not None: torch.cuda.current_stream().wait_event(up)
+        _update(chunk, [m for m, _, _ in views], [st for _, _, st in views],
+                [pc.acc if _grad_stays(pc) else g for pc, (_, g, _) in zip(chunk, views)])
+        for pc, (m, _, _) in zip(chunk, views): pc.p.copy_(m)  # the new working weights, cast to the model's dtype
+        if self.cuda: self.d2h.wait_stream(torch.cuda.current_stream())
+    with self._on(self.d2h):
+        for pc, (m, _, st) in zip(chunk, views):
+            pc.master.copy_(m, non_blocking=True)
+            for h, d in zip(pc.state, st): h.copy_(d, non_blocking=True)
+        if self.cuda: (done := torch.cuda.Event()).record()
+    ring.lend(region, done if self.cuda else None)
+
 @torch.no_grad()
 def _step(self):
     "One optimizer step over every parameter that received a gradient, streamed chunk by chunk through a ring of device memory."
     t0, waited = time.perf_counter(), 0.0
+    early = self._finish_early()   # the chunks the last backward streamed already (with `overlap`)
     landing = defaultdict(list)   # slot -> gradients still on their way to its host accumulator
     for s, f in self.pending: landing[s].append(f)
     # Once, not per chunk: the copy stream sees the gradients the backward pass left (and whatever last used the
@@ -622,7 +677,7 @@ def _step(self):
     self.arrival = {s: i for i, (s, _) in enumerate(self.pending)}   # a slot's last gradient of this step
     # the chunks `preload` loaded first (their masters and state are on the GPU or on their way), then the rest
     pre, ring, self.preloaded, self.ring = self.preloaded, self.ring, {}, None
-    skip = {pc.key for c, _ in pre.values() for pc in c}
+    skip = {pc.key for c in [*early, *(c for c, _ in pre.values())] for pc in c}
     chunks = [c for c, _ in pre.values()] + _arrival_order(self._chunks(landing, skip), self.arrival)
     streamed = [c for c in chunks if not c[0].slot.resident]
     dev = streamed[0][0].p.device if streamed else None
@@ -636,32 +691,19 @@ def _step(self):
             _update(chunk, [pc.master for pc in chunk], [pc.state for pc in chunk], [pc.acc for pc in chunk])
             for pc in chunk: pc.p.copy_(pc.master)
             continue
-        loaded = id(chunk) in pre   # its masters and state are on their way already
-        region, written_back = (pre[id(chunk)][1], None) if loaded else ring.take(_chunk_numel(chunk))
-        views = _chunk_views(region, chunk)
-        with self._on(self.h2d):
-            if written_back is not None: self.h2d.wait_event(written_back)   # what last used this memory has gone down
-            for pc, (m, g, st) in zip(chunk, views):
-                if not loaded: self._load(pc, m, st)
-                if not _grad_stays(pc): g.copy_(pc.acc, non_blocking=True)
-        if self.cuda: torch.cuda.current_stream().wait_stream(self.h2d)
-        _update(chunk, [m for m, _, _ in views], [st for _, _, st in views],
-                [pc.acc if _grad_stays(pc) else g for pc, (_, g, _) in zip(chunk, views)])
-        for pc, (m, _, _) in zip(chunk, views): pc.p.copy_(m)  # the new working weights, cast to the model's dtype
-        if self.cuda: self.d2h.wait_stream(torch.cuda.current_stream())
-        with self._on(self.d2h):
-            for pc, (m, _, st) in zip(chunk, views):
-                pc.master.copy_(m, non_blocking=True)
-                for h, d in zip(pc.state, st): h.copy_(d, non_blocking=True)
-            if self.cuda: (done := torch.cuda.Event()).record(); ring.lend(region, done)
-    for s in {pc.slot for c in chunks for pc in c}:
+        self._update_and_write_back(ring, self._take_and_load(chunk, ring, pre[id(chunk)][1] if id(chunk) in pre else None))
+    for s in {pc.slot for c in [*chunks, *early] for pc in c}:
         s.fresh = True   # the next micro-batch's gradient overwrites the accumulator
         if 'momentum' not in s.group: s.step += 1   # AdamW's count, once however many pieces it took
-    if self.cuda: self.d2h.synchronize()   # the ring is free again when this returns
+    if self.cuda: self.d2h.synchronize()   # the rings are free again when this returns
+    self.early_ring = None
     self.wait()   # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
     total = time.perf_counter() - t0
     preloaded = sum(pc.numel * 4 * (1 + len(pc.state)) for c, _ in pre.values() for pc in c)   # masters and state
-    self.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=preloaded / GiB)
+    self.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=preloaded / GiB,
+                        early_gib=sum(pc.numel * 4 * (1 + len(pc.state)) for c in early for pc in c) / GiB)
+
+OffloadOptimizer._take_and_load, OffloadOptimizer._update_and_write_back = _take_and_load, _update_and_write_back
 
 def _zero_grad(self, set_to_none=True):
     "Gradients live in the accumulators; the next micro-batch overwrites them (see `fresh`)."
@@ -672,10 +714,46 @@ def _discard(self):
     "Drop the gradients accumulated since the last step (a skipped, non-finite step): the next micro-batch starts afresh."
     self.zero_grad()
     for s in self.slots: s.fresh = True
+    if self.early is not None and self.streamed_early:
+        raise RuntimeError('this step updated parameters during the last backward (overlap): it cannot be discarded')
     if self.cuda: self.h2d.synchronize()   # preloaded chunks: their loads land before the ring's memory goes
-    self.preloaded, self.ring = {}, None
+    self.preloaded, self.ring, self.early = {}, None, None
 
 OffloadOptimizer.step, OffloadOptimizer.zero_grad, OffloadOptimizer.discard = _step, _zero_grad, _discard
+
+# %% ../nbs/20_offload.ipynb #89046b85
+def _arm_early(self):
+    """With `overlap`, at the start of a step's last micro-batch: the chunks whose gradients all accumulate on the GPU
+    stream as soon as this backward has given them all, in the order the last step's gradients came (`gpu_arrival`)."""
+    chunks = _arrival_order(self._chunks(landing=set(self.slots)), self.gpu_arrival)
+    self.early = collections.deque(c for c in chunks if not c[0].slot.resident and not _grad_room(c))
+    self.arrived, self.streamed_early, self.final_order, self.early_ring = set(), [], {}, None
+
+@torch.no_grad()
+def _gradient_final(self, s):
+    "Slot `s` has its last gradient of the step: stream the chunks now complete, on side streams only."
+    self.final_order[s] = len(self.final_order)
+    self.arrived.add(s)
+    if not (self.early and all(pc.slot in self.arrived for pc in self.early[0])): return
+    if self.early_ring is None:   # two of the largest chunks: backward still holds most of the GPU
+        self.early_ring = _Ring(max(map(_chunk_numel, self.early)), self.early[0][0].p.device)
+    if self.cuda:   # the ring's memory, the accumulators and the backward that read these parameters: all queued there
+        self.h2d.wait_stream(torch.cuda.current_stream()); self.upd.wait_stream(torch.cuda.current_stream())
+    while self.early and all(pc.slot in self.arrived for pc in self.early[0]):
+        chunk = self.early.popleft()
+        self._update_and_write_back(self.early_ring, self._take_and_load(chunk, self.early_ring), self.upd)
+        self.streamed_early.append(chunk)
+
+def _finish_early(self):
+    "At the step: the chunks the last backward streamed (none without `overlap`), their weights in place for what follows."
+    if self.early is None: return []
+    if self.cuda: torch.cuda.current_stream().wait_stream(self.upd)
+    self.gpu_arrival, done, self.early = self.final_order, self.streamed_early, None
+    return done
+
+OffloadOptimizer._arm_early, OffloadOptimizer._gradient_final, OffloadOptimizer._finish_early = _arm_early, _gradient_final, _finish_early
+
+
 
 # %% ../nbs/20_offload.ipynb #53e89b69
 def _state_dict(self):

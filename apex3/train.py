@@ -159,6 +159,8 @@ def check_args(a, d):
     if a.total_tokens <= 0: raise UsageError('--total-tokens must be positive')
     if a.keep_ckpts < 1: raise UsageError('--keep-ckpts must be at least 1')
     check_run_flags(a)
+    if a.step_overlap: raise UsageError('--step-overlap is for apex3.bench: the trainer skips non-finite steps, and a step that '
+                                        'updated parameters during backward cannot be undone')
     if a.max_bad_steps < 1: raise UsageError('--max-bad-steps must be at least 1')
     if a.ckpt_every <= 0: raise UsageError(f'--ckpt-every must be a positive number of tokens, not {a.ckpt_every:g}')
     if a.val_data and a.val_batches < 1: raise UsageError('--val-batches must be at least 1')

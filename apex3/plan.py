@@ -444,7 +444,9 @@ HOST_OVERHEAD_GIB = 3                                # the process beside its pi
 HOST_SLAB_WASTE = 1.06                               # pinned slabs over what is cut from them (20_offload, C's sizes)
 KERNEL_EFF = 0.57                                    # a micro-batch of C, fraction of the BF16 peak (records)
 HOST_ACCUM_PER_S = 7.0e9                             # fp32 += bf16 elements a second, the H200 machine's host (20_offload)
-BOTH_WAYS_SHARE = 0.89                               # each direction's rate while both run, of its rate alone (C13's step profile at 643cd16: 48.8 of 54.9 GB/s; the link test's 99 / 2 / 54 is 0.92)
+# each direction's rate while both run, of its rate alone: C13's step profile at 643cd16, 48.8 of 54.9 GB/s (the link
+# test at start reads 99 / 2 / 54 = 0.92, more than a step gets)
+BOTH_WAYS_SHARE = 0.89
 ACT_PREFETCH_GIB = 4                                 # offloaded activations fetched ahead of backward (--act-prefetch-gib)
 # What the GPU holds at the start of backward beyond what is counted by name: one block's backward in flight and the
 # allocator's rounding. The C13 record at 643cd16 (123.1 GiB a micro-batch) less every term counted by name.
@@ -536,9 +538,9 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
             # unless told, activations leave the GPU only as its budget needs: the published 0.15 of its memory kept,
             # lowered a hundredth at a time until the rest fits (each offloaded tensor crosses the link twice, and the
             # records show a micro-batch slowed by copies its compute should hide), else the published line's 72
-            keeps = [act_budget] if act_budget is not None else [round(0.15 - i / 100, 2) for i in range(11)]
-            flag_sets = [(act_offload, b) for b in keeps] if act_offload is not None else \
-                        [(0, b) for b in keeps] + [(PUBLISHED_ACT_OFFLOAD, act_budget or 0.15)]
+            act_budgets = [act_budget] if act_budget is not None else [round(0.15 - i / 100, 2) for i in range(11)]
+            flag_sets = [(act_offload, b) for b in act_budgets] if act_offload is not None else \
+                        [(0, b) for b in act_budgets] + [(PUBLISHED_ACT_OFFLOAD, act_budget or 0.15)]
             tries = [flagged(c, n, acc, act_n, b) for act_n, b in flag_sets]
             plans.append(next(filter(fits, tries), tries[-1]))
         if good := [p for p in plans if fits(p)] or (plans if layers else []): return max(good, key=lambda p: p.mfu_at_batch)

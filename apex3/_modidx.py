@@ -488,7 +488,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload._Piece.__init__': ('offload.html#_piece.__init__', 'apex3/offload.py'),
                                'apex3.offload._Ring': ('offload.html#_ring', 'apex3/offload.py'),
                                'apex3.offload._Ring.__init__': ('offload.html#_ring.__init__', 'apex3/offload.py'),
-                               'apex3.offload._Ring.hold': ('offload.html#_ring.hold', 'apex3/offload.py'),
                                'apex3.offload._Ring.lend': ('offload.html#_ring.lend', 'apex3/offload.py'),
                                'apex3.offload._Ring.take': ('offload.html#_ring.take', 'apex3/offload.py'),
                                'apex3.offload._Slot': ('offload.html#_slot', 'apex3/offload.py'),

@@ -531,37 +531,25 @@ class _Ring:
     def __init__(self, half, device):
         self.buf, self.half = torch.empty(2 * half, device=device), half
         self.lent, self.done, self.count = [], -1, 0   # (start, end, order, event) still read; waited for up to order `done`
-        self.held = []   # (start, end) taken and not yet lent: a chunk loaded, not yet updated
 
     def take(self, numel):
-        """`numel` elements, and the event of the last write-back still reading any of them (None: nothing to wait for);
-        (None, None) when only memory held by chunks not yet lent could take it."""
+        "`numel` elements, and the event of the last write-back still reading any of them (None: nothing to wait for)."
         h = self.half
-        # where a chunk can start: a half's start, or the end of a lent or held region, if it then stays within that half
-        # and clear of what is held
-        starts = [a for a in {0, h, *(e for _, e, _, _ in self.lent), *(e for _, e in self.held)}
-                  if a + numel <= (h if a < h else 2 * h) and not any(s < a + numel and a < e for s, e in self.held)]
-        if not starts: return None, None
+        # where a chunk can start: a half's start, or the end of a lent region, if it then stays within that half
+        starts = [a for a in {0, h, *(e for _, e, _, _ in self.lent)} if a + numel <= (h if a < h else 2 * h)]
         latest = {a: max((x for x in self.lent if x[0] < a + numel and a < x[1]), key=lambda x: x[2], default=None) for a in starts}
         # the oldest last reader; never the chunk before, which the other half's start does not touch
         start = min(starts, key=lambda a: (-1 if latest[a] is None else latest[a][2], a))
         region, last = self.buf[start:start + numel], latest[start]
-        self.held.append((start, start + numel))
         if last is None: return region, None
         self.done = last[2]   # write-backs run in order on one stream: the older ones are done when this one is
         self.lent = [x for x in self.lent if x[2] > self.done]
         return region, last[3]
 
-    def hold(self, start, numel):
-        "The `numel` elements at `start`, held until lent (the chunks `preload` places itself)."
-        self.held.append((start, start + numel))
-        return self.buf[start:start + numel]
-
     def lend(self, region, event):
-        "Record that `region` is read by the write-back that `event` marks the end of (None: by nothing any more)."
-        a, b = region.storage_offset(), region.storage_offset() + region.numel()
-        self.held.remove((a, b))
-        if event is not None: self.lent.append((a, b, self.count, event)); self.count += 1
+        "Record that `region` is read by the write-back that `event` marks the end of (None, without CUDA: nothing to record)."
+        if event is None: return
+        self.lent.append((region.storage_offset(), region.storage_offset() + region.numel(), self.count, event)); self.count += 1
 
 def _ring_half(largest, device):
     "Elements of each half of the step's ring: RING_CHUNKS / 2 of the `largest` chunk, fewer if the GPU has less free, never below one."
@@ -579,7 +567,7 @@ def _arrival_order(chunks, arrival):
     return sorted(chunks, key=lambda c: max(arrival.get(pc.slot, -1) for pc in c))
 
 def _on(self, st):
-    "A context that issues work on side stream `st` (nothing on the CPU)."
+    "A context that issues work on side stream `st` (nothing on the CPU, or with `st` None)."
     return torch.cuda.stream(st) if self.cuda else contextlib.nullcontext()
 
 def _load(self, pc, m, st):
@@ -623,7 +611,7 @@ def _preload(self):
     if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())   # the ring's memory, just allocated there
     with self._on(self.h2d):
         for chunk, at in _packed(streamed, half):
-            region = self.ring.hold(at, _chunk_numel(chunk))
+            region = self.ring.buf[at:at + _chunk_numel(chunk)]
             for pc, (m, _, st) in zip(chunk, _chunk_views(region, chunk)): self._load(pc, m, st)
             self.preloaded[id(chunk)] = (chunk, region)
 
@@ -635,7 +623,6 @@ def _take_and_load(self, chunk, ring, region=None):
     region, its views and the event that marks its copies up."""
     preloaded = region is not None
     region, written_back = (region, None) if preloaded else ring.take(_chunk_numel(chunk))
-    if region is None: return None   # the ring is held by chunks loaded and not yet updated (during backward)
     views = _chunk_views(region, chunk)
     with self._on(self.h2d):
         if written_back is not None: self.h2d.wait_event(written_back)   # what last used this memory has gone down
@@ -649,7 +636,7 @@ def _update_and_write_back(self, ring, loaded, stream=None):
     """Update a chunk `_take_and_load` placed, once its copies are up, on `stream` (the current one by default); set the
     model's weights; send masters and state down."""
     chunk, region, views, up = loaded
-    with self._on(stream) if stream is not None else contextlib.nullcontext():
+    with self._on(stream):
         if up is not None: torch.cuda.current_stream().wait_event(up)
         _update(chunk, [m for m, _, _ in views], [st for _, _, st in views],
                 [pc.acc if _grad_stays(pc) else g for pc, (_, g, _) in zip(chunk, views)])
@@ -712,10 +699,10 @@ def _zero_grad(self, set_to_none=True):
 
 def _discard(self):
     "Drop the gradients accumulated since the last step (a skipped, non-finite step): the next micro-batch starts afresh."
-    self.zero_grad()
-    for s in self.slots: s.fresh = True
     if self.early is not None and self.streamed_early:
         raise RuntimeError('this step updated parameters during the last backward (overlap): it cannot be discarded')
+    self.zero_grad()
+    for s in self.slots: s.fresh = True
     if self.cuda: self.h2d.synchronize()   # preloaded chunks: their loads land before the ring's memory goes
     self.preloaded, self.ring, self.early = {}, None, None
 
@@ -752,8 +739,6 @@ def _finish_early(self):
     return done
 
 OffloadOptimizer._arm_early, OffloadOptimizer._gradient_final, OffloadOptimizer._finish_early = _arm_early, _gradient_final, _finish_early
-
-
 
 # %% ../nbs/20_offload.ipynb #53e89b69
 def _state_dict(self):

@@ -442,7 +442,7 @@ ACT_BYTES_PER_TOKEN_D = 50 - 8 - 8 + 2
 PUBLISHED_ACT_OFFLOAD = 72                           # --act-offload of the published flag line
 HOST_OVERHEAD_GIB = 3                                # the process beside its pinned pools (1.9 GiB measured, C4-C7)
 HOST_SLAB_WASTE = 1.06                               # pinned slabs over what is cut from them (20_offload, C's sizes)
-KERNEL_EFF = 0.57                                    # a micro-batch of C, fraction of the BF16 peak (records)
+KERNEL_EFF = 0.61                                    # a micro-batch of C, fraction of the BF16 peak (records, see above)
 HOST_ACCUM_PER_S = 7.0e9                             # fp32 += bf16 elements a second, the H200 machine's host (20_offload)
 # each direction's rate while both run, of its rate alone: C13's step profile at 643cd16, 48.8 of 54.9 GB/s (the link
 # test at start reads 99 / 2 / 54 = 0.92, more than a step gets)

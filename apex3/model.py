@@ -258,13 +258,15 @@ def scaled_swiglu(h, scale=None):
     s = swiglu(h)
     return s if scale is None else s * scale[:, None].to(s.dtype)
 
+def _gather_mm(x, rows, w, offs): return torch._grouped_mm(x[rows], w, offs=offs)
+
 class _GatherGroupedMM(torch.autograd.Function):
     """`torch._grouped_mm(x[rows], w, offs=offs)` that keeps `x` and `rows` for backward and gathers again there, rather
     than the gathered copy, which holds each token once per expert it chose (k times `x`'s bytes)."""
     @staticmethod
     def forward(ctx, x, rows, w, offs):
         ctx.save_for_backward(x, rows, w, offs)
-        return torch._grouped_mm(x[rows], w, offs=offs)
+        return _gather_mm(x, rows, w, offs)
 
     @staticmethod
     def backward(ctx, dh):
@@ -283,7 +285,7 @@ def gather_grouped_mm(x, rows, w, offs):
     if not torch.compiler.is_compiling(): return _GatherGroupedMM.apply(x, rows, w, offs)
     # compiled, the partitioner would merge the two gathers and keep the result: a GEMM's input is never recomputed
     # unless marked so, and selective checkpointing is how to mark it
-    return checkpoint(lambda x, rows, w, offs: torch._grouped_mm(x[rows], w, offs=offs), x, rows, w, offs, use_reentrant=False,
+    return checkpoint(_gather_mm, x, rows, w, offs, use_reentrant=False,
                       context_fn=functools.partial(create_selective_checkpoint_contexts, _recompute_gathers))
 
 class Experts(nn.Module):

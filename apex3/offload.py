@@ -584,6 +584,13 @@ def _packed(chunks, half):
         if at + n > 2 * half: return
         yield chunk, at; at += n
 
+def _preload_half(chunks, chunk_bytes, spare_bytes, device):
+    """Elements per half of the ring `preload` fills, sized for every chunk of `chunks` the step may cut, whichever gradients
+    have landed (a chunk of several pieces holds at most `chunk_bytes` of masters, and as much again of gradients and of up
+    to two states; a larger piece is its own); 0 where the GPU's `spare_bytes` cannot hold it and `GPU_HEADROOM` more."""
+    half = _ring_half(max(chunk_bytes // 4 * 4, *map(_chunk_numel, chunks)), device)
+    return half if spare_bytes - 2 * half * 4 >= GPU_HEADROOM else 0
+
 @torch.no_grad()
 def _preload(self):
     """At the start of a step's last micro-batch: load the masters and state of the first streamed chunks (in the order
@@ -595,14 +602,11 @@ def _preload(self):
     if self.cuda and self.ring is not None: self.h2d.synchronize()   # called again before a step: the old loads land first
     self.preloaded, self.ring = {}, None
     if self.preload_half is None:
-        # sized for every chunk the step may cut, whichever gradients have landed: a chunk of several pieces holds at most
-        # `chunk_bytes` of masters (and as much again of gradients and of up to two states), a larger piece is its own
         every = [c for c in self._chunks(landing=set(self.slots)) if not c[0].slot.resident]
         if not every: return
         dev = every[0][0].p.device
-        half = _ring_half(max(self.chunk_bytes // 4 * 4, *map(_chunk_numel, every)), dev)
         spare = torch.cuda.get_device_properties(dev).total_memory - torch.cuda.max_memory_allocated(dev) if dev.type == 'cuda' else math.inf
-        self.preload_half = half if spare - 2 * half * 4 >= GPU_HEADROOM else 0
+        self.preload_half = _preload_half(every, self.chunk_bytes, spare, dev)
     # what has a gradient so far (the others may get none this step), in the order the last step's gradients arrived
     streamed = [c for c in _arrival_order(self._chunks(), self.arrival) if not c[0].slot.resident]
     if not self.preload_half or not streamed: return
@@ -686,9 +690,9 @@ def _step(self):
     self.early_ring = None
     self.wait()   # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
     total = time.perf_counter() - t0
-    preloaded = sum(pc.numel * 4 * (1 + len(pc.state)) for c, _ in pre.values() for pc in c)   # masters and state
-    self.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=preloaded / GiB,
-                        early_gib=sum(pc.numel * 4 * (1 + len(pc.state)) for c in early for pc in c) / GiB)
+    state_gib = lambda chunks: sum(pc.numel * 4 * (1 + len(pc.state)) for c in chunks for pc in c) / GiB   # masters and state
+    self.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=state_gib(c for c, _ in pre.values()),
+                        early_gib=state_gib(early))
 
 OffloadOptimizer._take_and_load, OffloadOptimizer._update_and_write_back = _take_and_load, _update_and_write_back
 
@@ -721,12 +725,13 @@ def _gradient_final(self, s):
     "Slot `s` has its last gradient of the step: stream the chunks now complete, on side streams only."
     self.final_order[s] = len(self.final_order)
     self.arrived.add(s)
-    if not (self.early and all(pc.slot in self.arrived for pc in self.early[0])): return
+    complete = lambda: self.early and all(pc.slot in self.arrived for pc in self.early[0])   # the next chunk's gradients
+    if not complete(): return
     if self.early_ring is None:   # two of the largest chunks: backward still holds most of the GPU
         self.early_ring = _Ring(max(map(_chunk_numel, self.early)), self.early[0][0].p.device)
     if self.cuda:   # the ring's memory, the accumulators and the backward that read these parameters: all queued there
         self.h2d.wait_stream(torch.cuda.current_stream()); self.upd.wait_stream(torch.cuda.current_stream())
-    while self.early and all(pc.slot in self.arrived for pc in self.early[0]):
+    while complete():
         chunk = self.early.popleft()
         self._update_and_write_back(self.early_ring, self._take_and_load(chunk, self.early_ring), self.upd)
         self.streamed_early.append(chunk)

@@ -11,12 +11,22 @@ for m in ('torchao', 'liger_kernel', 'nbdev'):
     try: print(m, getattr(importlib.import_module(m), '__version__', 'ok'))
     except Exception as e: print(m, 'unavailable:', e)
 PY
+# what the records held before: only the lines the chapters append come back, in $OUT/notebook-records (so a bench
+# run earlier in the same command keeps its $OUT/records, and a handful of small files travel, not every record)
+snap=$(mktemp -d); cp records/*.jsonl "$snap/"
 status=0
 for nb in "$@"; do
   echo "== $nb"; start=$(date +%s)
   /tmp/site/bin/nbdev-test --flags gpu --n-workers 1 --do-print --verbose --timing "$nb" || status=1
   echo "   $(( $(date +%s) - start )) s"
   # after every chapter, so a run cut short by the time limit still brings back what it measured
-  if [ -n "${OUT:-}" ]; then mkdir -p "$OUT/records"; cp records/*.jsonl "$OUT/records/" 2>/dev/null; fi
+  if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT/notebook-records"
+    for f in records/*.jsonl; do
+      old="$snap/$(basename "$f")"; [ -f "$old" ] || old=/dev/null   # a record file the chapters began
+      new=$(grep -vxF -f "$old" "$f")
+      [ -n "$new" ] && printf '%s\n' "$new" > "$OUT/notebook-records/$(basename "$f")"
+    done
+  fi
 done
 exit $status

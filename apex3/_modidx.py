@@ -509,6 +509,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload._grad_stays': ('offload.html#_grad_stays', 'apex3/offload.py'),
                                'apex3.offload._gradient_final': ('offload.html#_gradient_final', 'apex3/offload.py'),
                                'apex3.offload._hooks': ('offload.html#_hooks', 'apex3/offload.py'),
+                               'apex3.offload._issue_early': ('offload.html#_issue_early', 'apex3/offload.py'),
                                'apex3.offload._load': ('offload.html#_load', 'apex3/offload.py'),
                                'apex3.offload._load_state_dict': ('offload.html#_load_state_dict', 'apex3/offload.py'),
                                'apex3.offload._n_state': ('offload.html#_n_state', 'apex3/offload.py'),

@@ -454,7 +454,7 @@ def _stage(self, g):
 def _add(self, s, g):
     "Accumulate gradient `g` of slot `s` into its FP32 accumulator, wherever that lives."
     if s.fresh: s.acc.copy_(g); s.fresh = False
-    elif s.acc.is_cuda: s.acc.add_(g.float())
+    elif s.acc.is_cuda: s.acc.add_(g)   # one pass, in FP32 (not g.float() first: a copy of it written and read again)
     else: accumulate_(s.acc, g)
 
 def _wait(self):

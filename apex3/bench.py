@@ -218,6 +218,12 @@ def measure_link(nbytes=2**28, repeats=3):   # small: PyTorch keeps these pinned
 def _sync(device):
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
+def _compute_done(device):
+    """Wait for the compute stream only, at the edges of the timed phases: an offloaded step may leave its write-backs
+    going down beside the next micro-batches (chapter `20_offload`), and a step's time counts what they hold up, not
+    what they overlap."""
+    if device.type == 'cuda': torch.cuda.current_stream(device).synchronize()
+
 KERNEL_KINDS = (('copy', ('memcpy', 'memset')), ('attention', ('flash', 'fmha', 'attention', 'cudnn')),
                 ('gemm', ('gemm', 'cutlass', 'sm90_xmma', 'nvjet', 'matmul', 'grouped_mm', 'tem_fused_mm', 'tem_fused_addmm', 'bmm')))
 
@@ -337,7 +343,7 @@ def _bench(a, dog):
         if last: mem = [dict(phase='earlier steps', **phase_memory(dev))]   # the GPU peak of warm-up and earlier steps
         if step == a.warmup:   # counters since construction, compilation included
             staged, allocs = dict(getattr(run.opt, 'staging', {})), allocator_counts(dev)
-        _sync(dev); t_step = time.perf_counter(); times = []
+        _compute_done(dev); t_step = time.perf_counter(); times = []
         for i in range(a.accum):
             x = random_tokens(cfg, a.micro_bs, gen, dev); dog.state['phase'] = f'step {step}, micro-batch {i + 1}'
             t0 = time.perf_counter()
@@ -345,12 +351,13 @@ def _bench(a, dog):
             losses.append(micro_step(run, x).item()); times.append(time.perf_counter() - t0)
             if last: mem.append(dict(phase=f'micro-batch {i + 1}', **phase_memory(dev)))
         dog.state['phase'] = f'step {step}, optimizer'
-        t0 = time.perf_counter(); loads = optimizer_step(run); _sync(dev); t_opt = time.perf_counter() - t0
+        t0 = time.perf_counter(); loads = optimizer_step(run); _compute_done(dev); t_opt = time.perf_counter() - t0
         if last: mem.append(dict(phase='optimizer step', **phase_memory(dev)))
         if step >= a.warmup:
             micro_times += times; step_times.append(time.perf_counter() - t_step)
             opt_times.append(dict(optimizer_s=t_opt, **getattr(run.opt, 'timings', {})))
         log.info('step %d: %.2f s, loss %.3f', step, time.perf_counter() - t_step, losses[-1])
+    t0 = time.perf_counter(); _sync(dev); tail_s = time.perf_counter() - t0   # what the last step left going (write-backs)
     flops, peak = micro_flops(cfg, a.micro_bs), device_peak_tflops() if dev.type == 'cuda' else None
     act = run.act.stats() if run.act else {}
     opt_pool = run.opt.pool.stats() if a.offload else {}
@@ -364,7 +371,7 @@ def _bench(a, dog):
         x = random_tokens(cfg, a.micro_bs, gen, dev)
         prof = dict(micro=profile_phase(lambda: micro_step(run, x), dev), optimizer=profile_phase(lambda: optimizer_step(run), dev))
     return dict(kind='bench', config=cfg.name, flags=vars(a), cfg=dataclasses.asdict(cfg), precision_used=run.precision,
-                micro_s_median=statistics.median(micro_times), step_s_median=step_s,
+                micro_s_median=statistics.median(micro_times), step_s_median=step_s, writeback_tail_s=tail_s,
                 tokens_per_s=a.accum * a.micro_bs * cfg.seq_len / step_s,
                 mfu_at_batch=a.accum * flops / step_s / (peak * 1e12) if peak else None,
                 mfu_micro=flops / statistics.median(micro_times) / (peak * 1e12) if peak else None, peak_tflops=peak,

@@ -688,7 +688,7 @@ def _step(self):
     for s in {pc.slot for c in [*chunks, *early] for pc in c}:
         s.fresh = True   # the next micro-batch's gradient overwrites the accumulator
         if 'momentum' not in s.group: s.step += 1   # AdamW's count, once however many pieces it took
-    if self.cuda: self.d2h.synchronize()   # the rings are free again when this returns
+    if self.cuda: self._write_back_behind(ring if pre else None)
     self.early_ring = None
     self.wait()   # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
     total = time.perf_counter() - t0
@@ -696,7 +696,22 @@ def _step(self):
     self.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=state_gib(c for c, _ in pre.values()),
                         early_gib=state_gib(early))
 
+def _write_back_behind(self, ring=None):
+    """The end of a step on CUDA. With `ring` (the one `preload` filled, where the GPU has room for it beside the
+    micro-batches), the write-backs still on their way go down while the next micro-batches compute, and its memory
+    returns to the allocator only once they are done; without, the step waits for them. Either way the next loads wait
+    for them, as they read what they write."""
+    if ring is not None: ring.buf.record_stream(self.d2h)
+    else: self.d2h.synchronize()
+    self.h2d.wait_stream(self.d2h)
+
+def _landed(self):
+    "Block until the host holds every gradient and every write-back: what reads or writes the host state waits for this."
+    self.wait()
+    if self.cuda: self.d2h.synchronize()
+
 OffloadOptimizer._take_and_load, OffloadOptimizer._update_and_write_back = _take_and_load, _update_and_write_back
+OffloadOptimizer._write_back_behind, OffloadOptimizer._landed = _write_back_behind, _landed
 
 def _zero_grad(self, set_to_none=True):
     "Gradients live in the accumulators; the next micro-batch overwrites them (see `fresh`)."
@@ -767,13 +782,14 @@ OffloadOptimizer._finish_early = _finish_early
 # %% ../nbs/20_offload.ipynb #53e89b69
 def _state_dict(self):
     "Group hyperparameters and every parameter's FP32 master, optimizer state and step (host tensors)."
-    self.wait()
+    self._landed()
     return dict(groups=[{k: v for k, v in g.items() if k != 'params'} for g in self.param_groups],
                 slots=[dict(master=s.master.cpu(), state=[x.cpu() for x in s.state], step=s.step) for s in self.slots])
 
 @torch.no_grad()
 def _load_state_dict(self, sd):
     if len(sd['slots']) != len(self.slots): raise UsageError(f"optimizer state has {len(sd['slots'])} parameters, the model {len(self.slots)}")
+    self._landed()
     for g, saved in zip(self.param_groups, sd['groups']): g.update(saved)
     for s, d in zip(self.slots, sd['slots']):
         s.master.copy_(d['master']); s.step.copy_(d['step'])

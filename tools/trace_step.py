@@ -27,7 +27,7 @@ prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if r
 def one_step(traced):
     "One optimizer step as the bench times it; with `traced`, its last micro-batch and optimizer step are profiled."
     marks = {}
-    B._sync(run.device); t0 = time.perf_counter()
+    B._compute_done(run.device); t0 = time.perf_counter()
     for i in range(a.accum):
         x = B.random_tokens(run.cfg, a.micro_bs, gen, run.device)
         if i < a.accum - 1: B.micro_step(run, x).item(); continue
@@ -37,7 +37,8 @@ def one_step(traced):
         with record_function('last micro-batch'):
             loss = B.micro_step(run, x); marks['backward returns'] = time.perf_counter() - t0
             loss.item(); marks['loss read'] = time.perf_counter() - t0
-    B.optimizer_step(run); B._sync(run.device); marks['step done'] = time.perf_counter() - t0
+    B.optimizer_step(run); B._compute_done(run.device); marks['step done'] = time.perf_counter() - t0
+    B._sync(run.device); marks['write-backs done'] = time.perf_counter() - t0   # what the step left going beside the next
     if traced: prof.stop()
     return {k: round(v * 1e3, 1) for k, v in marks.items()}
 

@@ -5,11 +5,12 @@
 # %% auto #0
 __all__ = ['GPUS', 'RECOMPUTE', 'GiB', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACTION', 'BYTES', 'GPU_CAP', 'REAL_RUNS', 'LINKS',
            'GEMM_SAVED', 'ACT_BYTES_PER_TOKEN_D', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB', 'HOST_SLAB_WASTE',
-           'KERNEL_EFF', 'HOST_ACCUM_PER_S', 'BOTH_WAYS_SHARE', 'ACT_PREFETCH_GIB', 'BACKWARD_WORKSPACE_GIB',
-           'parse_number', 'fmt_count', 'GPU', 'find_gpu', 'gpu_table', 'model_shape', 'train_flops', 'recompute_flops',
-           'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose', 'Serving', 'inference', 'Plan',
-           'plan_headline', 'plan_rows', 'config_inputs', 'plan', 'validation_table', 'link_speed', 'OffloadPlan',
-           'offload_host_gib', 'offload_plan', 'plan_main', 'gpus_main']
+           'KERNEL_EFF', 'HOST_ACCUM_PER_S', 'BOTH_WAYS_SHARE', 'CHUNK_BYTES', 'RING_CHUNKS', 'GPU_HEADROOM_GIB',
+           'PRELOAD_GIB', 'ACT_PREFETCH_GIB', 'BACKWARD_WORKSPACE_GIB', 'parse_number', 'fmt_count', 'GPU', 'find_gpu',
+           'gpu_table', 'model_shape', 'train_flops', 'recompute_flops', 'activation_bytes', 'Layout', 'search_target',
+           'search_gpus', 'choose', 'Serving', 'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs',
+           'plan', 'validation_table', 'link_speed', 'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main',
+           'gpus_main']
 
 # %% ../nbs/00_plan.ipynb #3119e2a9
 import dataclasses, difflib, functools, json, math, re
@@ -415,6 +416,7 @@ class OffloadPlan:
     act_offloaded_gib: float; compute_s: float; link_s: float; micro_s: float; optimizer_s: float
     step_s: float; mfu_at_batch: float; bound: str; accum_on: str; act_budget: float; act_offload: int; resident_gib: float
     host_s: float = 0.0   # the host's gradient additions of one micro-batch (--offload-accum cpu)
+    writeback_s: float = 0.0   # the step's write-backs going on beside the next micro-batches (where `preload` has room)
     def flags(self):
         "The trainer and benchmark flags this plan recommends."
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
@@ -424,12 +426,14 @@ class OffloadPlan:
                 f'--micro-bs {self.micro_bs} --accum {self.accum}')
     def __str__(self):
         fit = '' if self.layers == self.full_layers else f' (the full {self.full_layers} do not fit)'
+        behind = f'               (its write-backs go on {self.writeback_s:.2f} s beside the next micro-batches)\n' if self.writeback_s else ''
         return (f'One-GPU offload plan: config {self.config} with {self.layers} layers{fit} on 1 x {self.gpu}\n'
                 f'  GPU memory   {self.gpu_gib:.1f} of {self.gpu_budget_gib:.0f} GiB budget (optimizer state kept: {self.resident_gib:g} GiB)\n'
                 f'  Host memory  {self.host_gib:.1f} of {self.host_budget_gib:.0f} GiB budget (activations offloaded: {self.act_offloaded_gib:.1f} GiB)\n'
                 f'  Micro-batch  {self.micro_s:.2f} s ({self.bound}-bound: compute {self.compute_s:.2f} s, link {self.link_s:.2f} s, '
                 f'host additions {self.host_s:.2f} s)\n'
-                f'  Step         {self.step_s:.1f} s = {self.accum} x {self.micro_s:.2f} s + optimizer {self.optimizer_s:.1f} s; MFU at batch {self.mfu_at_batch:.2f}\n'
+                f'  Step         {self.step_s:.1f} s = {self.accum} x {self.micro_s:.2f} s + optimizer {self.optimizer_s:.2f} s; MFU at batch {self.mfu_at_batch:.2f}\n'
+                f'{behind}'
                 f'  Flags        {self.flags()}')
 
 # %% ../nbs/00_plan.ipynb #c14f2451
@@ -447,6 +451,12 @@ HOST_ACCUM_PER_S = 7.0e9                             # fp32 += bf16 elements a s
 # each direction's rate while both run, of its rate alone: C13's step profile at 643cd16, 48.8 of 54.9 GB/s (the link
 # test at start reads 99 / 2 / 54 = 0.92, more than a step gets)
 BOTH_WAYS_SHARE = 0.89
+# The offload's optimizer step (chapter 20_offload takes these from here, so plan and run agree): chunks of CHUNK_BYTES of
+# masters; `preload`'s ring of RING_CHUNKS of them, at four FP32 values a parameter; GPU memory it leaves free beside that
+CHUNK_BYTES = 512 * 2**20
+RING_CHUNKS = 8
+GPU_HEADROOM_GIB = 16
+PRELOAD_GIB = RING_CHUNKS * CHUNK_BYTES * 4 / GiB    # 16
 ACT_PREFETCH_GIB = 4                                 # offloaded activations fetched ahead of backward (--act-prefetch-gib)
 # What the GPU holds at the start of backward beyond what is counted by name: one block's backward in flight and the
 # allocator's rounding. The C13 record at 643cd16 (123.1 GiB a micro-batch) less every term counted by name.
@@ -494,15 +504,24 @@ def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offlo
     return _offload_budgets(cfg, param_counts(cfg), SimpleNamespace(mem_gb=gpu_mem_gib), micro_bs, act_budget, accum_on,
                             act_offload, overhead_gib=overhead_gib, resident_gib=resident_gib)[1] / GiB
 
-def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kernel_eff, kept=0, host_accum_per_s=HOST_ACCUM_PER_S):
-    "Compute, link and host-addition seconds per micro-batch, and the optimizer step's seconds."
+def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kernel_eff, kept=0, host_accum_per_s=HOST_ACCUM_PER_S,
+                   preload=False):
+    """Compute, link and host-addition seconds per micro-batch; the optimizer step's seconds, and how long its write-backs
+    go on beside the next micro-batches (with `preload`: the GPU has room for the ring)."""
     N, T, (up, down) = counts['total'], micro_bs * c.seq_len, _per_param(c, counts, accum_on)
     flops = (6 * counts['active_matmul'] + 12 * c.n_layers * c.n_heads * c.head_dim * c.seq_len) * T
     compute = flops / (gpu.peak('bf16') * kernel_eff)
     link = ((2 * (N - kept) if accum_on == 'cpu' else 0) + 2 * offloaded) / (link_gbs * 1e9)
-    opt = max(up, down) * (N - kept) / (BOTH_WAYS_SHARE * link_gbs * 1e9)   # both directions at once: the longer one
     host = (N - kept) / host_accum_per_s if accum_on == 'cpu' else 0.0
-    return flops, compute, link, host, opt
+    rate, n = BOTH_WAYS_SHARE * link_gbs * 1e9, N - kept
+    stream = max(up, down) * n / rate   # every streamed byte, both directions at once: the longer one
+    if not (preload and n): return flops, compute, link, host, stream, 0.0
+    # masters and state (`down` bytes a parameter) of what the ring holds came up during the last micro-batch; the rest
+    # comes up once the first chunk's write-back frees ring room: the LM head's (its gradient arrives first), whose
+    # master and AdamW moments take 12 bytes a parameter
+    preloaded = min(n, PRELOAD_GIB * GiB / up) * down
+    opt = min(stream, (up * n - preloaded + CHUNK_BYTES / 4 * 12) / rate)
+    return flops, compute, link, host, opt, stream - opt
 
 # %% ../nbs/00_plan.ipynb #4076adc5
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=None,
@@ -523,12 +542,15 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
         budgets = functools.partial(_offload_budgets, c, n, g, micro_bs, act_budget, accum_on, act_offload=act_n)
         keep = offload_gpu_gib if offload_gpu_gib is not None else max(0, math.floor((gpu_budget - budgets()[0] / GiB) / 1.05))
         gpu_b, host_b, off, kept = budgets(resident_gib=keep)   # kept state is off the host, and off the link
-        flops, compute, link, host, opt = _offload_times(c, n, g, micro_bs, off, accum_on, link_gbs, kernel_eff, kept, host_accum_per_s)
+        room = gpu_b / GiB + PRELOAD_GIB + GPU_HEADROOM_GIB <= g.mem_gb   # for `preload`'s ring beside the run's peak
+        flops, compute, link, host, opt, behind = _offload_times(c, n, g, micro_bs, off, accum_on, link_gbs, kernel_eff, kept,
+                                                                 host_accum_per_s, preload=room)
         times = dict(compute=compute, link=link, host=host)
         bound = max(times, key=times.get); micro = times[bound]; step = accum * micro + opt
         return OffloadPlan(base.name, g.name, c.n_layers, base.n_layers, micro_bs, accum, c.seq_len, gpu_b / GiB, gpu_budget,
                            host_b / GiB, host_budget, off / GiB, compute, link, micro, opt, step,
-                           accum * flops / (step * g.peak('bf16')), bound, accum_on, act_budget, act_n, keep, host_s=host)
+                           accum * flops / (step * g.peak('bf16')), bound, accum_on, act_budget, act_n, keep, host_s=host,
+                           writeback_s=behind)
 
     fits = lambda p: p.gpu_gib <= p.gpu_budget_gib and p.host_gib <= p.host_budget_gib
     for L in ([layers] if layers else range(base.n_layers, 0, -1)):

@@ -755,7 +755,7 @@ def _gradient_final(self, s):
     queued = torch.cuda.current_stream().record_event() if self.cuda else None
     while complete():
         chunk = self.early.popleft(); self.streamed_early.append(chunk)
-        if self.issuer: self.issuing.append(self.issuer.submit(self._issue_early, chunk, queued))
+        if self.issuer: self.issuing.append((self.issuer.submit(self._issue_early, chunk, queued), chunk))
         else: self._issue_early(chunk, queued)
 
 @torch.no_grad()   # on the issuer's thread too, whose grad mode is its own
@@ -771,12 +771,16 @@ def _issue_early(self, chunk, queued):
     if done is not None: self.in_flight.append(done)
 
 def _finish_early(self):
-    "At the step: the chunks the last backward streamed (none without `overlap`), their weights in place for what follows."
+    """At the step: the chunks the last backward streamed (none without `overlap`), their weights in place for what
+    follows. Those the issuer has not begun go back to the step, whose ring (backward's memory, now free) streams them
+    faster than the issuer's two chunks in flight."""
     if self.early is None: return []
-    for f in self.issuing: f.result()   # every chunk issued (and an error in one raised here)
+    back = {id(c) for f, c in self.issuing if f.cancel()}
+    for f, c in self.issuing:
+        if id(c) not in back: f.result()   # every chunk begun is issued (and an error in one raised here)
     if self.cuda: torch.cuda.current_stream().wait_stream(self.upd)
-    self.gpu_arrival, done, self.early = self.final_order, self.streamed_early, None
-    return done
+    self.gpu_arrival, self.early = self.final_order, None
+    return [c for c in self.streamed_early if id(c) not in back]
 
 OffloadOptimizer._arm_early, OffloadOptimizer._gradient_final, OffloadOptimizer._issue_early = _arm_early, _gradient_final, _issue_early
 OffloadOptimizer._finish_early = _finish_early

@@ -12,9 +12,11 @@ while [ $# -ge 2 ]; do
   name=$1 extra=$2; shift 2
   flags="$MODEL $RUNTIME $OFFLOAD"; [[ $name == base-* ]] && flags="$MODEL $RUNTIME"
   echo "== $name: $extra"; start=$(date +%s)
-  # the host's used/available GiB every 5 s: what is left of a run the kernel kills for memory
-  (while sleep 5; do echo "$(( $(date +%s) - start )) s $(free -g | awk '/Mem/{print "used", $3, "available", $7}')"; done) > "$OUT/logs/$name.mem" & mon=$!
+  # the host's used/available GiB every 5 s: what is left of a run the kernel kills for memory. Kept beside $OUT and
+  # appended to the variant's log, because at most 8 files come back from the device machine
+  mem=$(mktemp); (while sleep 5; do echo "$(( $(date +%s) - start )) s $(free -g | awk '/Mem/{print "used", $3, "available", $7}')"; done) > "$mem" & mon=$!
   timeout ${VARIANT_TIMEOUT:-240} python3 -m apex3.bench $flags $extra --json "$OUT/records/bench.jsonl" > "$OUT/logs/$name.log" 2>&1
-  echo "   rc $? in $(( $(date +%s) - start )) s; host peak: $(sort -k4 -n "$OUT/logs/$name.mem" | tail -1)"; kill $mon
+  echo "   rc $? in $(( $(date +%s) - start )) s; host peak: $(sort -k4 -n "$mem" | tail -1)"; kill $mon
+  { echo "== host memory every 5 s"; cat "$mem"; } >> "$OUT/logs/$name.log"
   grep -E "micro_s_median=|^step |Error|error:|Traceback|exhausted" "$OUT/logs/$name.log" | tail -12
 done

@@ -426,9 +426,10 @@ class OffloadPlan:
                 f'--micro-bs {self.micro_bs} --accum {self.accum}')
     def __str__(self):
         fit = '' if self.layers == self.full_layers else f' (the full {self.full_layers} do not fit)'
+        ring = f', preload ring {PRELOAD_GIB:g} GiB' if self.writeback_s else ''
         behind = f'               (its write-backs go on {self.writeback_s:.2f} s beside the next micro-batches)\n' if self.writeback_s else ''
         return (f'One-GPU offload plan: config {self.config} with {self.layers} layers{fit} on 1 x {self.gpu}\n'
-                f'  GPU memory   {self.gpu_gib:.1f} of {self.gpu_budget_gib:.0f} GiB budget (optimizer state kept: {self.resident_gib:g} GiB)\n'
+                f'  GPU memory   {self.gpu_gib:.1f} of {self.gpu_budget_gib:.0f} GiB budget (optimizer state kept: {self.resident_gib:g} GiB{ring})\n'
                 f'  Host memory  {self.host_gib:.1f} of {self.host_budget_gib:.0f} GiB budget (activations offloaded: {self.act_offloaded_gib:.1f} GiB)\n'
                 f'  Micro-batch  {self.micro_s:.2f} s ({self.bound}-bound: compute {self.compute_s:.2f} s, link {self.link_s:.2f} s, '
                 f'host additions {self.host_s:.2f} s)\n'
@@ -547,7 +548,9 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
                                                                  host_accum_per_s, preload=room)
         times = dict(compute=compute, link=link, host=host)
         bound = max(times, key=times.get); micro = times[bound]; step = accum * micro + opt
-        return OffloadPlan(base.name, g.name, c.n_layers, base.n_layers, micro_bs, accum, c.seq_len, gpu_b / GiB, gpu_budget,
+        # the ring, where there is room for it, during the last micro-batch: the run's peak
+        gpu_gib = gpu_b / GiB + (PRELOAD_GIB if room else 0)
+        return OffloadPlan(base.name, g.name, c.n_layers, base.n_layers, micro_bs, accum, c.seq_len, gpu_gib, gpu_budget,
                            host_b / GiB, host_budget, off / GiB, compute, link, micro, opt, step,
                            accum * flops / (step * g.peak('bf16')), bound, accum_on, act_budget, act_n, keep, host_s=host,
                            writeback_s=behind)

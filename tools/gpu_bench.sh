@@ -17,6 +17,6 @@ while [ $# -ge 2 ]; do
   mem=$(mktemp); (while sleep 5; do echo "$(( $(date +%s) - start )) s $(free -g | awk '/Mem/{print "used", $3, "available", $7}')"; done) > "$mem" & mon=$!
   timeout ${VARIANT_TIMEOUT:-240} python3 -m apex3.bench $flags $extra --json "$OUT/records/bench.jsonl" > "$OUT/logs/$name.log" 2>&1
   echo "   rc $? in $(( $(date +%s) - start )) s; host peak: $(sort -k4 -n "$mem" | tail -1)"; kill $mon
-  { echo "== host memory every 5 s"; cat "$mem"; } >> "$OUT/logs/$name.log"
+  { echo "== host memory every 5 s"; cat "$mem"; } >> "$OUT/logs/$name.log"; rm -f "$mem"
   grep -E "micro_s_median=|^step |Error|error:|Traceback|exhausted" "$OUT/logs/$name.log" | tail -12
 done

@@ -14,7 +14,7 @@ __all__ = ['log', 'KERNEL_KINDS', 'ALLOCATOR_COUNTS', 'add_run_flags', 'check_ru
 import contextlib, dataclasses, functools, logging, math, os, statistics, sys, threading, time
 import torch
 from torch.utils.checkpoint import checkpoint
-from .cli import ArgParser, UsageError, run_command
+from .usage import ArgParser, UsageError, run_command
 from .config import get_config, param_counts, ATTN_BACKENDS
 from .records import append_records, device_peak_tflops, GiB
 

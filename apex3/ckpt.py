@@ -12,7 +12,7 @@ import hashlib, logging, os, random, re, shutil, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch
-from .cli import UsageError
+from .usage import UsageError
 
 log = logging.getLogger('apex3.ckpt')
 SUMS = 'SHA256SUMS'   # the checksum file in every checkpoint

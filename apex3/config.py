@@ -8,7 +8,7 @@ __all__ = ['ATTN_BACKENDS', 'BIAS_UPDATES', 'CONFIGS', 'ModelConfig', 'check_con
 
 # %% ../nbs/09_config.ipynb #2ac8ce17
 from dataclasses import dataclass, fields, replace
-from .cli import UsageError
+from .usage import UsageError
 
 # %% ../nbs/09_config.ipynb #7a1c9e94
 ATTN_BACKENDS = ('auto', 'fa3', 'flex', 'varlen', 'sdpa', 'reference')

@@ -11,7 +11,8 @@ import html, time
 import matplotlib, matplotlib.ticker
 import matplotlib.pyplot as plt
 import numpy as np
-from .plan import plan, choose, search_gpus, GPUS, BYTES, STATE_BYTES, UsageError
+from .plan import plan, choose, search_gpus, GPUS, BYTES, STATE_BYTES
+from .usage import UsageError
 
 # %% ../nbs/02_explore.ipynb #1bd9ca50
 _COLORS = {'states': '#4c72b0', 'activations': '#dd8452'}

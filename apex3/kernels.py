@@ -13,7 +13,7 @@ __all__ = ['CE_IMPLS', 'log', 'PRECISIONS', 'FP8_RECIPES', 'FP8_LINEARS', 'FP8_E
 # %% ../nbs/15_kernels.ipynb #dfef3b1d
 import contextlib, functools, logging, os, re
 import torch, torch.nn as nn, torch.nn.functional as F
-from .cli import UsageError
+from .usage import UsageError
 from .records import GiB, append_records, attempt, latest_run, load_records, time_fn
 try: import triton, triton.language as tl
 except ImportError: triton = tl = None   # the loss falls back to PyTorch

@@ -11,7 +11,7 @@ __all__ = ['log', 'GiB', 'SLAB_BYTES', 'ALIGN', 'HOST_SPARE', 'GPU_HEADROOM', 'E
 import collections, contextlib, ctypes, itertools, logging, math, os, threading, time, weakref
 from collections import defaultdict
 import torch, torch.nn as nn
-from .cli import UsageError
+from .usage import UsageError
 
 log = logging.getLogger('apex3.offload')
 GiB = 2**30

@@ -17,7 +17,7 @@ import dataclasses, difflib, functools, json, math, re
 from decimal import Decimal
 from dataclasses import dataclass
 import pandas as pd
-from .cli import ArgParser, UsageError
+from .usage import ArgParser, UsageError
 
 # %% ../nbs/00_plan.ipynb #129c8241
 _SUFFIX = {'': 1, 'K': 10**3, 'M': 10**6, 'B': 10**9, 'G': 10**9, 'T': 10**12}

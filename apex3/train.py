@@ -18,7 +18,7 @@ from dataclasses import dataclass, asdict, field
 from pathlib import Path
 import numpy as np
 import torch, torch.distributed as dist
-from .cli import ArgParser, UsageError, run_command
+from .usage import ArgParser, UsageError, run_command
 from .bench import add_run_flags, check_run_flags, Run, run_config, micro_step, last_micro_starts, optimizer_step, micro_flops, status_gib
 from .config import get_config
 from .records import device_peak_tflops, GiB

@@ -3,7 +3,7 @@ import logging, os, random, shutil, subprocess, sys, time
 from pathlib import Path
 import numpy as np
 import pytest, torch
-from apex3.cli import UsageError
+from apex3.usage import UsageError
 from apex3.ckpt import (SUMS, TMP, ckpt_name, checkpoint_tokens, list_checkpoints, verify_checkpoint, save_checkpoint,
                         latest_checkpoint, load_checkpoint, prune_checkpoints, rng_state, set_rng_state)
 

@@ -1,6 +1,6 @@
 "The `apex3 data` command: bad input is one UsageError line; one stage runs over a folder of shards."
 import json, pytest
-from apex3.cli import UsageError
+from apex3.usage import UsageError
 from apex3.data.core import Document, write_docs, read_docs, list_shards
 from apex3.data.pipeline import data_main
 

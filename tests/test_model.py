@@ -2,7 +2,7 @@
 import subprocess, sys
 import pytest, torch
 from hypothesis import given, settings, strategies as st
-from apex3.cli import UsageError
+from apex3.usage import UsageError
 from apex3.config import CONFIGS, get_config, param_counts, param_components
 from apex3 import model as M
 

@@ -14,7 +14,7 @@ __all__ = ['parse_data_spec', 'TokenSource', 'MixtureLoader', 'cu_seqlens']
 # %% ../../nbs/59_loader.ipynb #5fab48d0
 def parse_data_spec(spec) -> tuple:
     "`NAME=WEIGHT:GLOB` -> (name, weight, glob); a malformed spec raises `UsageError`."
-    from apex3.cli import UsageError
+    from apex3.usage import UsageError
     try:
         name, rest = spec.split('=', 1); w, pattern = rest.split(':', 1); w = float(w)
     except ValueError: raise UsageError(f'--data expects NAME=WEIGHT:GLOB, got {spec!r}') from None

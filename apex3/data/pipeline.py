@@ -6,7 +6,7 @@
 from __future__ import annotations
 import json, os, sys, time, tomllib
 from pathlib import Path
-from ..cli import ArgParser, UsageError
+from ..usage import ArgParser, UsageError
 from .core import MapStage, LocalExecutor, RayExecutor, list_shards, read_docs, read_jsonl_zst
 from .ingest import Source, IngestStage
 from .clean import GopherQuality, GopherRepetition, C4Lines, FineWebQuality, CodeQuality

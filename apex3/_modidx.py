@@ -328,6 +328,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.explore._controls': ('explore.html#_controls', 'apex3/explore.py'),
                                'apex3.explore._plain_log': ('explore.html#_plain_log', 'apex3/explore.py'),
                                'apex3.explore._plan_of': ('explore.html#_plan_of', 'apex3/explore.py'),
+                               'apex3.explore._show': ('explore.html#_show', 'apex3/explore.py'),
                                'apex3.explore.days_curve': ('explore.html#days_curve', 'apex3/explore.py'),
                                'apex3.explore.days_figure': ('explore.html#days_figure', 'apex3/explore.py'),
                                'apex3.explore.explorer': ('explore.html#explorer', 'apex3/explore.py'),

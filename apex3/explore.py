@@ -98,19 +98,23 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 import PIL.Image
 from IPython.display import display
 
+_LABEL = dict(description_width='110px')   # wide enough for 'layers (0=auto)': labels are never cut
+
 def _controls():
     "One widget per option of `plan`, at the headline example."
     text = lambda v, d: W.Text(value=v, description=d, continuous_update=False)
-    return dict(
+    c = dict(
         params=text('1T', 'params'), active=text('32B', 'active'), tokens=text('15T', 'tokens'),
         gpu=W.Dropdown(options=list(GPUS), value='H100', description='gpu'),
         mode=W.ToggleButtons(options=['target days', 'fixed GPUs'], value='target days', description='plan for'),
         days=W.FloatText(value=90, description='days'), gpus=W.IntText(value=512, description='gpus'),
         precision=W.Dropdown(options=list(BYTES), value='fp8', description='precision'),
         optimizer=W.Dropdown(options=list(STATE_BYTES), value='adamw', description='optimizer'),
-        seq=W.IntText(value=4096, description='seq'), batch=text(str(2**22), 'batch tokens'),
+        seq=W.IntText(value=4096, description='seq'), batch_tokens=text(str(2**22), 'batch tokens'),
         layers=W.IntText(value=0, description='layers (0=auto)'), width=W.IntText(value=0, description='width (0=auto)'),
         mfu=W.FloatSlider(value=0.4, min=0.05, max=0.8, step=0.01, description='MFU'))
+    for w in c.values(): w.style = _LABEL
+    return c
 
 def _plan_of(c):
     "The plan the controls describe."
@@ -118,7 +122,7 @@ def _plan_of(c):
     fixed = v['mode'] == 'fixed GPUs'
     return plan(v['params'], v['active'] or None, v['tokens'] or None, v['gpu'], v['gpus'] if fixed else None,
                 v['days'], v['precision'], v['optimizer'], v['seq'], v['layers'] or None, v['width'] or None,
-                v['mfu'], v['batch'])
+                v['mfu'], v['batch_tokens'])
 
 # %% ../nbs/02_explore.ipynb #ff8bc203
 class LivePlots:
@@ -188,12 +192,18 @@ class Explorer:
         self.summary.value = (f'<pre>{html.escape(str(self.plan))}</pre>' if self.plan
                               else f'<pre style="color:crimson">error: {html.escape(self.error)}</pre>')
         if self.live and self.plan: self.image.value = self.live.update(self.plan)
+        self.image.layout.display = None if self.plan else 'none'   # no picture of the last good plan under an error
         self.seconds = time.perf_counter() - t0
 
     def widget(self):
         c = list(self.controls.values())
         return W.VBox([W.HBox([W.VBox(c[:7]), W.VBox(c[7:])]), self.summary, self.image])
 
-def explorer():
-    "Show the planner's explorer in a notebook."
-    e = Explorer(); display(e.widget()); return e
+def _show(self):
+    "A notebook shows an `Explorer` as its widgets, not as `<Explorer at 0x…>`."
+    display(self.widget())
+Explorer._ipython_display_ = _show
+
+def explorer() -> Explorer:
+    "The planner's explorer: the last value of a notebook cell, it shows itself; keep it to drive it from code."
+    return Explorer()

@@ -27,7 +27,9 @@ def parse_number(s) -> float:
     if isinstance(s, (int, float)) and not isinstance(s, bool): return float(s)
     m = re.fullmatch(r'\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([kKmMbBgGtT]?)\s*', str(s))
     if not m: raise UsageError(f"cannot read {s!r} as a number: write digits with an optional K, M, B or T suffix (21B, 1.5T, 32e9)")
-    return float(Decimal(m[1]) * _SUFFIX[m[2].upper()])  # Decimal: 4.19M is exactly 4,190,000
+    x = float(Decimal(m[1]) * _SUFFIX[m[2].upper()])  # Decimal: 4.19M is exactly 4,190,000
+    if not math.isfinite(x): raise UsageError(f'{s!r} is beyond what a float holds (about 1.8e308)')
+    return x
 
 def fmt_count(x: float) -> str:
     "Write a count the way `parse_number` reads it: 1T, 32B, 4.19M (three significant digits)."
@@ -350,15 +352,17 @@ def plan(params=None, active=None, tokens=None, gpu='H100', gpus=None, days=90, 
         if params is not None: raise UsageError('give PARAMS or --config, not both: the config sets the parameter counts')
         cfg = config_inputs(config)
         params, active, heads, kv_width = cfg['params'], cfg['active'], cfg['heads'], cfg['kv_width']
-        layers, width, seq = layers or cfg['layers'], width or cfg['width'], seq or cfg['seq']
+        layers, width, seq = (cfg[k] if v is None else v for k, v in (('layers', layers), ('width', width), ('seq', seq)))
     if params is None: raise UsageError('give the parameter count (21B, 1.5T) or --config NAME')
     params = parse_number(params)
     active = parse_number(active) if active is not None else params
     tokens = parse_number(tokens) if tokens is not None else 20 * active
-    g, seq, batch_tokens = find_gpu(gpu), int(seq or 4096), int(parse_number(batch_tokens))
+    g, seq, batch_tokens = find_gpu(gpu), 4096 if seq is None else int(seq), int(parse_number(batch_tokens))
     _check_inputs(params, active, tokens, mfu, precision, optimizer, seq, batch_tokens)
     if gpus is not None and int(gpus) < 1: raise UsageError(f'--gpus must be at least 1, got {gpus}')
     if days is not None and days <= 0: raise UsageError(f'--days must be positive, got {days}')
+    for flag, v in (('layers', layers), ('width', width)):
+        if v is not None and int(v) < 1: raise UsageError(f'--{flag} must be at least 1, got {v}')
     L, d = model_shape(active, layers, width)
     run = _Run(active, params, tokens, L, d, seq, g.peak(precision) * mfu, g.mem_gb, g.scaleup,
                STATE_BYTES[optimizer], batch_tokens // seq, GPU_CAP, heads or d // 128)
@@ -585,7 +589,7 @@ def _plan_parser():
     p.add_argument('--precision', choices=list(BYTES), help='training precision (default: bf16)')
     p.add_argument('--optimizer', default='adamw', choices=list(STATE_BYTES))
     p.add_argument('--seq', type=int, help="sequence length (default: 4096, or the config's)")
-    p.add_argument('--batch', default=str(2**22), help='tokens per step (default: 4.19M)')
+    p.add_argument('--batch-tokens', default=str(2**22), help='tokens per step (default: 4.19M)')
     p.add_argument('--layers', type=int, help='depth (default: from d = 128·L)')
     p.add_argument('--width', type=int, help='model width (default: 128·L)')
     p.add_argument('--mfu', type=float, default=0.4, help='fraction of the dense peak reached (default: %(default)s)')
@@ -615,7 +619,7 @@ def plan_main(argv=()):
         print(json.dumps(dataclasses.asdict(op) | dict(flags=op.flags()), indent=1) if a.json else op)
         return 0
     p = plan(a.params, a.active, a.tokens, a.gpu, a.gpus, 90 if a.days is None else a.days, a.precision or 'bf16', a.optimizer,
-             a.seq, a.layers, a.width, a.mfu, a.batch, a.config)
+             a.seq, a.layers, a.width, a.mfu, a.batch_tokens, a.config)
     print(json.dumps(p.to_dict(), indent=1) if a.json else p)
     return 0
 

@@ -1,17 +1,32 @@
-"""Run chapters in place and store the outputs of their CPU cells (`#| gpu`, `#| slow`, `#| multigpu` skipped), then tidy
-them with nbdev-clean, so a reader sees plots and results without running anything.
+"""Run chapters in place and store the outputs of their CPU cells (`#| gpu`, `#| slow`, `#| multigpu` skipped), tidy them
+with nbdev-clean, and note in `nbs/outputs.json` which code the outputs came from, so CI can tell stale outputs.
 usage: python tools/run_nb.py nbs/NAME.ipynb [...]"""
-import subprocess, sys
+import hashlib, json, subprocess, sys
 from pathlib import Path
 from nbdev.test import test_nb
+
+def code_hash(path) -> str:
+    "SHA-256 of a notebook's code cells, in order: what its outputs depend on besides the package."
+    cells = json.loads(Path(path).read_text())['cells']
+    return hashlib.sha256(json.dumps([''.join(c['source']) for c in cells if c['cell_type'] == 'code']).encode()).hexdigest()
+
+def ledger_path(path) -> Path: return Path(path).resolve().parent / 'outputs.json'
+
+def record(path):
+    "Note that the stored outputs of `path` come from its code as it is now."
+    led = ledger_path(path)
+    d = json.loads(led.read_text()) if led.exists() else {}
+    d[Path(path).name] = code_hash(path)
+    tmp = led.with_suffix('.tmp'); tmp.write_text(json.dumps(dict(sorted(d.items())), indent=1) + '\n'); tmp.replace(led)
 
 def run_in_place(path) -> bool:
     "Execute the notebook at `path`, write its outputs back when every cell passed; whether it passed."
     ok, secs = test_nb(Path(path).resolve(), skip_flags=['gpu', 'slow', 'multigpu'], save=True)
     print(f"{path}: {'stored outputs' if ok else 'FAILED (left as it was)'} in {secs:.0f} s")
+    if ok:
+        subprocess.run(['nbdev-clean', '--fname', str(path)], check=False)
+        record(path)
     return ok
 
 if __name__ == '__main__':
-    ok = all([run_in_place(p) for p in sys.argv[1:]])
-    for p in sys.argv[1:]: subprocess.run(['nbdev-clean', '--fname', p], check=False)
-    sys.exit(0 if ok else 1)
+    sys.exit(0 if all([run_in_place(p) for p in sys.argv[1:]]) else 1)

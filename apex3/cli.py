@@ -13,10 +13,10 @@ from .usage import UsageError, run_command
 COMMANDS = {
     'plan': ('apex3.plan:plan_main', 'plan a training run: GPUs, layout, memory, days, serving'),
     'gpus': ('apex3.plan:gpus_main', 'list the GPUs the planner knows, with the source of every figure'),
-    'bench': ('apex3.bench:bench_main', 'time training steps on random tokens (the step-10 benchmark) and append a record'),
+    'bench': ('apex3.bench:bench_main', 'time training steps on random tokens (the step-10 benchmark), append a record'),
     'data': ('apex3.data.pipeline:data_main', 'run the data pipeline (run CONFIG | demo | corpus) or one stage'),
     'train': ('apex3.train:train_main', 'train a model on token shards (resumable; torchrun for several GPUs)'),
-    'demo': ('apex3.demo:demo_main', "the README's main job: the headline plan and its plots, the embedded corpus through the data pipeline, then a tiny model trained on it"),
+    'demo': ('apex3.demo:demo_main', "the README's main job: the headline plan, the data pipeline, a tiny model trained"),
 }
 
 # %% ../nbs/01_cli.ipynb #e9284b1d

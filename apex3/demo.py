@@ -29,7 +29,8 @@ def demo_main(argv=()):
     out = Path(a.out)
     print(f'\n$ apex3 data demo {out / "data"}')
     from apex3.data.pipeline import data_main
-    rc = run_command('data', data_main, ['demo', str(out / 'data'), *([f'--max-files={a.max_files}'] if a.max_files else [])])
+    limit = [f'--max-files={a.max_files}'] if a.max_files else []
+    rc = run_command('data', data_main, ['demo', str(out / 'data'), *limit])
     if rc: return rc
     from apex3.train import demo_train
     print(f'\ntraining the tiny model on {out / "data"} for about {a.minutes:g} minutes')
@@ -40,7 +41,8 @@ def demo_main(argv=()):
 def summary_lines(res: dict) -> list:
     "A few lines a person reads at the end of the main job, from `demo_train`'s result."
     vals = sorted(k[:-len('_first')] for k in res if k.startswith('val_') and k.endswith('_first'))
-    lines = [f"trained {res['steps']} steps, {res['tokens']:,} tokens: loss {res['loss_first']:.2f} -> {res['loss_last']:.2f}"]
+    loss = f"loss {res['loss_first']:.2f} -> {res['loss_last']:.2f}"
+    lines = [f"trained {res['steps']} steps, {res['tokens']:,} tokens: {loss}"]
     lines += [f"validation {k[4:]}: {res[k + '_first']:.2f} -> {res[k + '_last']:.2f}" for k in vals]
     lines += [f"checkpoint {res['checkpoint']}", 'plots ' + ', '.join(res['plots'].values()),
               'sample: ' + res['sample'].replace('\n', '\\n')[:120]]

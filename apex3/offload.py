@@ -529,7 +529,7 @@ def _chunk_views(buf, chunk):
         off += pc.numel
     return out
 
-# %% ../nbs/20_offload.ipynb #59893032
+# %% ../nbs/20_offload.ipynb #0cf6727a
 class _Ring:
     "Device memory for the chunks in flight, two halves filled from their starts: a chunk goes where the write-backs it must wait for are oldest."
     def __init__(self, half, device):
@@ -555,7 +555,7 @@ class _Ring:
         if event is None: return
         self.lent.append((region.storage_offset(), region.storage_offset() + region.numel(), self.count, event)); self.count += 1
 
-# %% ../nbs/20_offload.ipynb #9a175bbf
+# %% ../nbs/20_offload.ipynb #f204365d
 def _ring_half(largest, device):
     "Elements of each half of the step's ring: RING_CHUNKS / 2 of the `largest` chunk, fewer if the GPU has less free, never below one."
     half = RING_CHUNKS // 2 * largest
@@ -626,7 +626,7 @@ def _preload(self):
 
 OffloadOptimizer._on, OffloadOptimizer._load, OffloadOptimizer.preload = _on, _load, _preload
 
-# %% ../nbs/20_offload.ipynb #f90bed43
+# %% ../nbs/20_offload.ipynb #f72abf6f
 def _take_and_load(self, chunk, ring, region=None):
     """Device room for `chunk` in `ring` (or the `region` that `preload` filled) and, on the copy stream, the copies up of
     what it lacks there: masters and state unless preloaded, gradients that accumulated on the host. Returns the chunk, its
@@ -660,7 +660,7 @@ def _update_and_write_back(self, ring, loaded, stream=None):
     ring.lend(region, done if self.cuda else None)
     return done if self.cuda else None
 
-# %% ../nbs/20_offload.ipynb #6d9b580e
+# %% ../nbs/20_offload.ipynb #2aa1c9bc
 @torch.no_grad()
 def _step(self):
     "One optimizer step over every parameter that received a gradient, streamed chunk by chunk through a ring of device memory."
@@ -719,7 +719,7 @@ def _landed(self):
 OffloadOptimizer._take_and_load, OffloadOptimizer._update_and_write_back = _take_and_load, _update_and_write_back
 OffloadOptimizer._write_back_behind, OffloadOptimizer._landed = _write_back_behind, _landed
 
-# %% ../nbs/20_offload.ipynb #c325f157
+# %% ../nbs/20_offload.ipynb #06cd71d1
 def _zero_grad(self, set_to_none=True):
     "Gradients live in the accumulators; the next micro-batch overwrites them (see `fresh`)."
     self.wait()

@@ -87,7 +87,7 @@ def run_config(a):
     return get_config(a.config, ['max_docs=1', *a.set, *extra])  # random rows are single documents (a --set may say otherwise)
 
 def micro_flops(cfg, micro_bs):
-    "FLOPs of one micro-batch by the MFU formula (DESIGN §8)."
+    "FLOPs of one micro-batch by the MFU formula of this chapter's opening."
     n = param_counts(cfg)
     return (6 * n['active_matmul'] + 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.seq_len) * micro_bs * cfg.seq_len
 
@@ -232,6 +232,7 @@ def kernel_kind(name):
     low = name.lower()
     return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), 'other')
 
+# %% ../nbs/25_bench.ipynb #d44db5bd
 def _union(spans):
     out = []
     for s, e in sorted(spans):
@@ -260,6 +261,7 @@ def exposure(spans) -> dict:
     return dict(exposed={k: span_s(spans[k]) - overlap_s(spans[k], spans['compute']) for k in ('HtoD', 'DtoH')},
                 idle=window - span_s(busy))
 
+# %% ../nbs/25_bench.ipynb #98bc4277
 def kernel_spans(prof) -> dict:
     "(start, end) µs of a profile's GPU work: host-to-device copies, device-to-host copies, and compute (any other kernel)."
     spans = {'HtoD': [], 'DtoH': [], 'compute': []}
@@ -290,6 +292,7 @@ def profile_phase(fn, device, top=8) -> dict:
                 exposed_s={k: v / 1e6 for k, v in ex['exposed'].items()}, idle_s=ex['idle'] / 1e6,
                 top=[(e.key[:80], e.self_device_time_total / 1e6, e.count) for e in top_k])
 
+# %% ../nbs/25_bench.ipynb #b0061d06
 def status_gib(field='VmRSS') -> float:
     "A memory field of /proc/self/status in GiB (VmRSS resident now, VmHWM its peak); 0 where /proc is missing."
     try: return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(field + ':')) * 1024 / GiB
@@ -318,6 +321,7 @@ def phase_memory(dev) -> dict:
     if dev.type == 'cuda': gpu = torch.cuda.max_memory_allocated(dev) / GiB; torch.cuda.reset_peak_memory_stats(dev)
     return dict(gpu_peak_gib=gpu, host_rss_gib=status_gib())
 
+# %% ../nbs/25_bench.ipynb #c4645e85
 def bench(a) -> dict:
     "Warm up, time `a.steps` optimizer steps, return the record."
     check_run_flags(a)
@@ -331,6 +335,7 @@ def bench(a) -> dict:
                          '(--act-budget), keep less optimizer state on the GPU (--offload-gpu-gib) or train fewer layers') from None
     finally: dog.close()
 
+# %% ../nbs/25_bench.ipynb #b5911408
 def _bench(a, dog):
     link = measure_link()
     run = Run(a); cfg, dev = run.cfg, run.device

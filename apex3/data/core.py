@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Iterable
 import zstandard
+from .scrub import redacted_preview
 
 # %% auto #0
 __all__ = ['Document', 'atomic_write_bytes', 'write_jsonl_zst', 'read_jsonl_zst', 'write_docs', 'read_docs', 'Step',
@@ -87,7 +88,6 @@ class TaskContext:
     keep_rejected_text: int = 200
     def reject(self, doc, step, reason, detail=''):
         "Record a removed document: its id, the step, the reason and a redacted preview of its text."
-        from apex3.data.redact import redacted_preview  # imported here: redact imports this module
         self.rejects.append(json.dumps({'id': doc.id, 'step': step, 'reason': reason, 'detail': detail,
                                         'text': redacted_preview(doc.text, self.keep_rejected_text), 'meta': doc.meta}, ensure_ascii=False))
 

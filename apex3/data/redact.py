@@ -39,7 +39,8 @@ def fake_secrets(rng) -> dict:
             'PRIVATE_KEY': '-----BEGIN RSA PRIVATE KEY-----\n' + '\n'.join(r(64) for _ in range(4))
                            + '\n-----END RSA PRIVATE KEY-----',
             'EMAIL': f'{r(6).lower()}.{r(5).lower()}@{r(7).lower()}.com',
-            'IP_ADDRESS': f'{rng.choice([23, 34, 52, 81, 151])}.{rng.randrange(256)}.{rng.randrange(256)}.{rng.randrange(1, 255)}'}
+            'IP_ADDRESS': f'{rng.choice([23, 34, 52, 81, 151])}.{rng.randrange(256)}.{rng.randrange(256)}.'
+                          f'{rng.randrange(1, 255)}'}
 
 # %% ../../nbs/55_redact.ipynb #cfd60807
 _B62 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789'
@@ -62,7 +63,8 @@ def secret_values(rng) -> dict:
             'PRIVATE_KEY': '-----BEGIN PRIVATE KEY-----\n' + '\n'.join(_rand(rng, 64, _B64) for _ in range(3))
                            + '\n-----END PRIVATE KEY-----',
             'PASSWORD': _rand(rng, rng.randrange(8, 20), _B62 + '!#$%&*+-.=?@^_~'),
-            'HIGH_ENTROPY': rng.choice([_rand(rng, 32, '0123456789abcdef'), _rand(rng, 24), _rand(rng, 20, _B62 + '-_')]),
+            'HIGH_ENTROPY': rng.choice([_rand(rng, 32, '0123456789abcdef'), _rand(rng, 24),
+                                        _rand(rng, 20, _B62 + '-_')]),
             'EMAIL': f"{_rand(rng, 5, _B62[26:52])}.{_rand(rng, 4, _B62[26:])}@{_rand(rng, 6, _B62[26:52])}."
                      + rng.choice(['com', 'io', 'co.uk', 'dev'])}
 
@@ -80,7 +82,8 @@ def _prose(rng, kind, v):
     return f'{rng.choice(["", "Note. ", "In the logs, "])}{lead}{q[0]}', f'{q[1]}{p} and then go on.'
 
 def _code(rng, kind, v):
-    n = rng.choice(_NAMES) if kind in ('PASSWORD', 'HIGH_ENTROPY', 'AWS_SECRET_KEY') else rng.choice(['value', 'cfg', 'X'])
+    named = kind in ('PASSWORD', 'HIGH_ENTROPY', 'AWS_SECRET_KEY')  # found by the name they are assigned to
+    n = rng.choice(_NAMES) if named else rng.choice(['value', 'cfg', 'X'])
     forms = [(f'{n} = "', '"\n'), (f"{n} = '", "'\n"), (f'{{"{n}": "', '", "x": 1}'), (f'connect(host, {n}="', '")'),
              (f"cfg = {{'{n}': '", "'}"), (f'export {n.upper().replace("-", "_")}="', '"\n')]
     if kind != 'PASSWORD': forms += [(f'{n}: ', '\n'), (f'{n.upper().replace("-", "_")}=', '\n')]  # bare: random values

@@ -52,7 +52,8 @@ def high_entropy(s, min_len=16) -> bool:
 
 def aws_shaped(s) -> bool:
     "40 characters of base64 with upper case, lower case and a digit, `+` or `/` (an AWS secret access key)."
-    return len(s) == 40 and any(c.isupper() for c in s) and any(c.islower() for c in s) and any(c in '0123456789+/' for c in s)
+    return (len(s) == 40 and any(c.isupper() for c in s) and any(c.islower() for c in s)
+            and any(c in '0123456789+/' for c in s))
 
 _FORMAT_ONLY = r'(?:[\W_]|%(?:\(\w+\))?[-#0 +]*\d*(?:\.\d+)?[a-zA-Z%]|\{\w*\}|\$\{\w+\}|\$[A-Z_][A-Z0-9_]*)*'
 

@@ -63,7 +63,8 @@ def load_config(path) -> dict:
 def source_stages(s, out, params):
     "The stages of one source, built one at a time: ingest, fused step chains, dedup's three stages."
     work = Path(out)/'work'/s['name']
-    if s.get('urls'): yield DownloadStage(s['name'], s['urls'], s['download_to'], s.get('sha256', ()), s.get('manifest'))
+    if s.get('urls'):
+        yield DownloadStage(s['name'], s['urls'], s['download_to'], s.get('sha256', ()), s.get('manifest'))
     stage = IngestStage(Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS}), work/'00_ingest')
     yield stage
     prev, chain, k = stage.out, [], 1
@@ -90,7 +91,9 @@ def pipeline_stages(cfg):
     yield tt
     for s in cfg['source']: yield Tokenize(s['_final'], out/'tokens'/s['name'], tt.path)
     if cfg.get('long', {}).get('enabled', True):
-        for s in cfg['source']: yield Long(s['_final'], out/'tokens'/'long', tt.path, cfg.get('long', {}).get('min_tokens', 2048), s['name'])
+        for s in cfg['source']:
+            n = cfg.get('long', {}).get('min_tokens', 2048)
+            yield Long(s['_final'], out/'tokens'/'long', tt.path, n, s['name'], tokens=out/'tokens'/s['name'])
 
 def run_pipeline(cfg, executor=None, log=print) -> list:
     "Run (or resume) every stage; returns every task's marker record, tagged with its stage."
@@ -99,7 +102,8 @@ def run_pipeline(cfg, executor=None, log=print) -> list:
     try:
         for st in pipeline_stages(cfg):
             t0 = time.perf_counter()
-            r = run_downloads(st, cfg['pipeline'].get('downloads', 4), False) if isinstance(st, DownloadStage) else ex.run(st)
+            dl = isinstance(st, DownloadStage)
+            r = run_downloads(st, cfg['pipeline'].get('downloads', 4), False) if dl else ex.run(st)
             for x in r: x['stage'] = st.name
             recs += r
             log(f'{st.name:<48} {len(r):>3} tasks {time.perf_counter() - t0:7.2f}s')

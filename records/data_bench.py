@@ -66,8 +66,12 @@ def ours(inp, out) -> dict:
 
 def ours_seeds(inp, out, seeds) -> dict:
     "{source: {seed: removed ids}} of apex3's dedup with each MinHash seed."
-    return {s: {seed: (run_ours(dedup_stages(inp/s, out/f'seed{seed}_{s}_work', out/f'seed{seed}_{s}', MinHasher(seed=seed))),
-                       removed_ids(out/f'seed{seed}_{s}'))[1] for seed in seeds} for s in ('prose', 'code')}
+    res = {}
+    for s in ('prose', 'code'):
+        for seed in seeds:
+            run_ours(dedup_stages(inp/s, out/f'seed{seed}_{s}_work', out/f'seed{seed}_{s}', MinHasher(seed=seed)))
+            res.setdefault(s, {})[seed] = removed_ids(out/f'seed{seed}_{s}')
+    return res
 
 def datatrove(python, inp, out, splitter='spacy', seeds=(1,)) -> dict:
     "datatrove's side, in its own interpreter; its log goes to OUT.log."
@@ -160,8 +164,10 @@ def main():
         print(f"{r['impl']:>15} {r['task']:<18} {r['docs_in']:>5} docs {r['mb_in']:6.2f} MB  cpu {r['cpu_seconds']:6.2f}s wall {r['seconds']:6.2f}s"
               f"  {r['docs_per_s_core']:8.1f} docs/s/core {r['mb_per_s_core']:6.2f} MB/s/core  out {r.get('docs_out', '-')}"
               + (f"  recall {r['caught']}/{r['planted_pairs']} both {r['both_removed']} other {r['other_removed']}" if 'recall' in r else ''))
-    print('removed-set agreement with apex3 (Jaccard):', json.dumps({i: {k: round(v, 3) for k, v in g.items()} for i, g in agree.items()}))
-    for r in seed_recs: print(f"recall {r['impl']:>15} {r['source']:<5} seed {r['seed']}: {r['caught']}/{r['planted_pairs']}")
+    rounded = {i: {k: round(v, 3) for k, v in g.items()} for i, g in agree.items()}
+    print('removed-set agreement with apex3 (Jaccard):', json.dumps(rounded))
+    for r in seed_recs:
+        print(f"recall {r['impl']:>15} {r['source']:<5} seed {r['seed']}: {r['caught']}/{r['planted_pairs']}")
     print(f'pipeline {wall:.1f}s; load {load0} -> {os.getloadavg()}')
     if not a.no_record: print('appended to', append_records(allrecs, Path(__file__).parent/'data.jsonl'))
 

@@ -1,4 +1,4 @@
-"Redaction replaces whole secrets: a generated suite with its answer key (two seeds, 240 cases each) and the issue's cases."
+"Redaction replaces whole secrets: a generated suite, answer key (two seeds, 240 cases each), and the issue's cases."
 import random
 from collections import Counter
 import pytest
@@ -29,5 +29,6 @@ def test_issue_cases():
     assert scrub('write to bob.smith@example.io__.') == 'write to <EMAIL>__.'              # (c)
     assert scrub('password = "hunter22"') == 'password = "<SECRET_CREDENTIAL>"'            # (d)
     assert scrub("api_key: 'f3a9c2e18b7d4a6c'") == "api_key: '<SECRET_CREDENTIAL>'"
-    for keep in ('token_type = "word"', 'password = getpass.getpass()', 'sha = "3f786850e387550fdab836ed7e6dc881de23001b"'):
+    sha = 'sha = "3f786850e387550fdab836ed7e6dc881de23001b"'
+    for keep in ('token_type = "word"', 'password = getpass.getpass()', sha):
         assert scrub(keep) == keep

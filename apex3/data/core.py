@@ -188,14 +188,14 @@ class LocalExecutor:
 
 class RayExecutor:
     "Run a stage's unfinished tasks as Ray tasks (`pip install ray`); `address=None` starts a local cluster."
-    def __init__(self, address=None, num_cpus=None, progress=True):
-        self.address, self.num_cpus, self.progress = address, num_cpus, progress
+    def __init__(self, address=None, num_cpus=None, progress=True, max_retries=3):
+        self.address, self.num_cpus, self.progress, self.max_retries = address, num_cpus, progress, max_retries
     def run(self, stage) -> list:
         import ray
         from tqdm.auto import tqdm
         if not ray.is_initialized():
             ray.init(address=self.address, num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
-        remote = ray.remote(run_task)
+        remote = ray.remote(max_retries=self.max_retries)(run_task)  # a task whose worker died runs again
         refs = [remote.remote(stage, i) for i in _pending(stage)]
         with tqdm(total=len(refs), desc=f'{stage.name} (ray)', disable=not self.progress or not refs, leave=False) as bar:
             while refs:

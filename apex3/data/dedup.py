@@ -31,7 +31,9 @@ class MinHasher:
         s = self.shingles(words) if shingles is None else shingles
         if not len(s): return np.zeros(self.bands * self.rows, np.uint64)
         with np.errstate(over='ignore'):
-            return (self.a[:, None] * s[None, :] + self.b[:, None]).min(axis=1)
+            t = np.multiply(self.a[:, None], s[None, :])  # in place from here: one temporary, not three
+            t += self.b[:, None]
+            return t.min(axis=1)
 
     def bands_of(self, words, shingles=None) -> np.ndarray:
         "One 64-bit hash per band."

@@ -84,6 +84,9 @@ def is_public_ip(s) -> bool:
     try: return ipaddress.ip_address(s).is_global
     except ValueError: return False
 
+_HINTS = ('passw', 'pwd', 'secret', 'token', 'key', 'credential', 'aws')  # every keyword pattern needs one of these
+_NEEDS_HINT = (AWS_SECRET_RE, ASSIGN_QUOTED_RE, ASSIGN_BARE_RE, BESIDE_WORD_RE)
+
 def own_patterns() -> tuple:
     "(kind, regex, group, check) of the patterns before and after detect-secrets', in the order they run."
     first = (('PRIVATE_KEY', PEM_RE, 0, None), ('JSON_WEB_TOKEN', JWT_RE, 0, None))
@@ -114,8 +117,10 @@ def scrub(text, counts=None, secrets=True, emails=True, ips=True, plugins=SECRET
         if n: counts[kind] += n
     if secrets:
         first, then = own_patterns()
+        low = text.lower()
+        hinted = any(h in low for h in _HINTS)  # a substring test is far cheaper than a case-blind alternation
         for kind, p, g, chk in first + tuple((k, p, g, None) for k, p, g in secret_patterns(plugins)) + then:
-            run(kind, p, g, chk)
+            if hinted or p not in _NEEDS_HINT: run(kind, p, g, chk)
     if emails: run('EMAIL', EMAIL_RE, ph='<EMAIL>')
     if ips:
         for p in (IPV4_RE, IPV6_RE): run('IP_ADDRESS', p, check=is_public_ip, ph='<IP_ADDRESS>')

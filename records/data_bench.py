@@ -1,7 +1,7 @@
 """The data pipeline's benchmark: per-stage throughput on the whole embedded corpus, and apex3 against
 datatrove on the same input files in the same run. Appends records (with provenance) to records/data.jsonl.
 
-usage: python records/data_bench.py [--out DIR] [--datatrove-python PYTHON] [--max-files N]
+usage: python records/data_bench.py [--out DIR] [--datatrove-python PYTHON] [--max-files N] [--seeds 1,2,3]
 
 1. Build the embedded corpus (the standard library as code and prose, planted cases) and run the whole
    pipeline with one worker: one record per stage (kind `data_stage`).
@@ -10,11 +10,14 @@ usage: python records/data_bench.py [--out DIR] [--datatrove-python PYTHON] [--m
 3. apex3, in this process: the prose filters (C4 → Gopher repetition → Gopher quality → FineWeb), the code
    filters, and MinHash dedup (signatures, clusters, filter) on each source.
 4. datatrove, in its own virtual environment (records/data_bench_datatrove.py), one worker: the same prose
-   filters and its four MinHash stages on the same shards.
+   filters and its four MinHash stages on the same shards, twice: stock (spaCy word splitting, `datatrove`) and
+   with apex3's whitespace splitter (`datatrove-split`), so the speed ratio is not mostly the word splitter.
 5. Recall on the planted near-duplicate pairs (planted.json): a pair is caught when dedup removed at least
    one of its two documents. The code pairs' true 5-gram Jaccard similarity spans about 0.66-0.86, around
    the LSH threshold (~0.72), so their recall is probabilistic for both implementations: a difference of
    one or two pairs out of 20 is noise, not a verdict (the prose pairs, 0.86-0.92, are easy). One record per (implementation, task) (kind `data_compare`).
+   Recall is also measured over several MinHash seeds (apex3 and matched datatrove; stock datatrove on the first
+   seed only, it is slow): one record per (implementation, source, seed) (kind `data_recall_seed`).
 
 Rates are per core: documents (MB) in over the process's CPU seconds, so other jobs on a shared machine
 slow the wall clock but not the rate; wall seconds and the load average are recorded beside them."""
@@ -22,7 +25,7 @@ import argparse, json, os, shlex, shutil, subprocess, sys, time
 from pathlib import Path
 from apex3.data.core import LocalExecutor, MapStage, list_shards, read_docs, read_jsonl_zst, write_docs
 from apex3.data.clean import C4Lines, GopherRepetition, GopherQuality, FineWebQuality, CodeQuality
-from apex3.data.dedup import dedup_stages
+from apex3.data.dedup import dedup_stages, MinHasher
 from apex3.data.corpus import build_corpus
 from apex3.data.pipeline import load_config, run_pipeline
 from apex3.data.stats import throughput
@@ -61,12 +64,22 @@ def ours(inp, out) -> dict:
         res[f'dedup:{s}']['removed_ids'] = removed_ids(out/f'dedup_{s}')
     return res
 
-def datatrove(python, inp, out) -> dict:
-    "datatrove's side, in its own interpreter; its log goes to OUT/datatrove.log."
+def ours_seeds(inp, out, seeds) -> dict:
+    "{source: {seed: removed ids}} of apex3's dedup with each MinHash seed."
+    res = {}
+    for s in ('prose', 'code'):
+        for seed in seeds:
+            run_ours(dedup_stages(inp/s, out/f'seed{seed}_{s}_work', out/f'seed{seed}_{s}', MinHasher(seed=seed)))
+            res.setdefault(s, {})[seed] = removed_ids(out/f'seed{seed}_{s}')
+    return res
+
+def datatrove(python, inp, out, splitter='spacy', seeds=(1,)) -> dict:
+    "datatrove's side, in its own interpreter; its log goes to OUT.log."
     script = Path(__file__).parent/'data_bench_datatrove.py'
-    with open(Path(out).parent/'datatrove.log', 'w') as log:
-        p = subprocess.run([python, str(script), str(inp), str(out)], stdout=subprocess.PIPE, stderr=log, text=True)
-    if p.returncode: sys.exit(f'datatrove run failed ({p.returncode}): see {Path(out).parent/"datatrove.log"}')
+    with open(f'{out}.log', 'w') as log:
+        p = subprocess.run([python, str(script), str(inp), str(out), splitter, ','.join(map(str, seeds))],
+                           stdout=subprocess.PIPE, stderr=log, text=True)
+    if p.returncode: sys.exit(f'datatrove run failed ({p.returncode}): see {out}.log')
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 def recall(pairs, removed) -> dict:
@@ -97,9 +110,9 @@ def compare_records(inputs, results, key) -> list:
                              docs_per_s_core=docs / cpu, mb_per_s_core=nbytes / 1e6 / cpu))
     return recs
 
-def agreement(results) -> dict:
+def agreement(results, other='datatrove') -> dict:
     "Jaccard similarity of what apex3 and datatrove removed, per task both ran."
-    a, d = results['apex3'], results.get('datatrove', {})
+    a, d = results['apex3'], results.get(other, {})
     return {t: len(set(a[t]['removed_ids']) & set(d[t]['removed_ids'])) / max(len(set(a[t]['removed_ids']) | set(d[t]['removed_ids'])), 1)
             for t in a if t in d}
 
@@ -114,6 +127,7 @@ def main():
     p.add_argument('--datatrove-python', default='/tmp/dtenv/bin/python')
     p.add_argument('--max-files', type=int, default=None, help='only the first N library files (a quick check; not for records)')
     p.add_argument('--no-record', action='store_true')
+    p.add_argument('--seeds', default='1,2,3,4,5', help='MinHash seeds for recall (the first is timed)')
     a = p.parse_args()
     out, load0 = Path(a.out), os.getloadavg()
     if (out/'corpus.toml').exists(): shutil.rmtree(out)  # a previous run: its markers would make this one skip every task
@@ -121,21 +135,39 @@ def main():
     t0 = time.time(); recs = run_pipeline(cfg); wall = time.time() - t0
     key = json.loads((out/'planted.json').read_text())
     inputs = gather_inputs(cfg, out/'bench'/'in')
+    seeds = [int(x) for x in a.seeds.split(',')]
     results = {'apex3': ours(out/'bench'/'in', out/'bench'/'apex3')}
-    results['datatrove'] = datatrove(a.datatrove_python, out/'bench'/'in', out/'bench'/'datatrove')
+    by_seed = {'apex3': ours_seeds(out/'bench'/'in', out/'bench'/'apex3_seeds', seeds)}
+    for impl, splitter, ss in (('datatrove', 'spacy', seeds[:1]), ('datatrove-split', 'split', seeds)):
+        results[impl] = datatrove(a.datatrove_python, out/'bench'/'in', out/'bench'/impl, splitter, ss)
+        by_seed[impl] = results[impl].pop('seeds')
     dt_version = subprocess.run([a.datatrove_python, '-c', 'import datatrove, importlib.metadata as m; print(m.version("datatrove"))'],
                                 capture_output=True, text=True).stdout.strip()
     cmp = compare_records(inputs, results, key)
-    agree = agreement(results)
+    agree = {impl: agreement(results, impl) for impl in results if impl != 'apex3'}
+    seed_recs = [dict(kind='data_recall_seed', impl=impl, source=s, seed=int(seed), **recall(
+                     [p for p in key['near_dups'] if p['source'] == s], ids))
+                 for impl, per in by_seed.items() for s, runs in per.items() for seed, ids in runs.items()]
+    removed_by = {impl: r['clean:prose'].get('removed_by') for impl, r in results.items() if impl != 'apex3'}
     prov = dict(command='python records/data_bench.py ' + ' '.join(map(shlex.quote, sys.argv[1:])), workers=1, max_files=a.max_files,
                 pipeline_wall_s=wall, datatrove=dt_version, loadavg_start=load0, loadavg_end=os.getloadavg(), cpus=os.cpu_count(),
                 uptime=subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip())
-    allrecs = [dict(r, **prov) for r in stage_records(recs)] + [dict(r, removed_jaccard=agree.get(r['task']), **prov) for r in cmp]
+    apex_by = {}  # apex3's prose removals per filter, read from the rejects' step names
+    for f in list_shards(out/'bench'/'apex3'/'clean_prose'/'rejects'):
+        for l in read_jsonl_zst(f): apex_by.setdefault(json.loads(l)['step'], []).append(json.loads(l)['id'])
+    removed_by['apex3'] = apex_by
+    allrecs = ([dict(r, **prov) for r in stage_records(recs)]
+               + [dict(r, removed_jaccard=agree.get(r['impl'], {}).get(r['task']), **prov) for r in cmp]
+               + [dict(r, **prov) for r in seed_recs]
+               + [dict(kind='data_removed_by', impl=impl, removed_by=v, **prov) for impl, v in removed_by.items() if v])
     for r in cmp:
-        print(f"{r['impl']:>9} {r['task']:<18} {r['docs_in']:>5} docs {r['mb_in']:6.2f} MB  cpu {r['cpu_seconds']:6.2f}s wall {r['seconds']:6.2f}s"
+        print(f"{r['impl']:>15} {r['task']:<18} {r['docs_in']:>5} docs {r['mb_in']:6.2f} MB  cpu {r['cpu_seconds']:6.2f}s wall {r['seconds']:6.2f}s"
               f"  {r['docs_per_s_core']:8.1f} docs/s/core {r['mb_per_s_core']:6.2f} MB/s/core  out {r.get('docs_out', '-')}"
               + (f"  recall {r['caught']}/{r['planted_pairs']} both {r['both_removed']} other {r['other_removed']}" if 'recall' in r else ''))
-    print('removed-set agreement (Jaccard):', json.dumps({k: round(v, 3) for k, v in agree.items()}))
+    rounded = {i: {k: round(v, 3) for k, v in g.items()} for i, g in agree.items()}
+    print('removed-set agreement with apex3 (Jaccard):', json.dumps(rounded))
+    for r in seed_recs:
+        print(f"recall {r['impl']:>15} {r['source']:<5} seed {r['seed']}: {r['caught']}/{r['planted_pairs']}")
     print(f'pipeline {wall:.1f}s; load {load0} -> {os.getloadavg()}')
     if not a.no_record: print('appended to', append_records(allrecs, Path(__file__).parent/'data.jsonl'))
 

@@ -1,12 +1,14 @@
 """datatrove's side of the data benchmark; run by records/data_bench.py in datatrove's own virtual environment
 (datatrove is not an apex3 dependency). One worker, so every rate is one core's.
 
-usage: DATATROVE_PYTHON records/data_bench_datatrove.py IN OUT
+usage: DATATROVE_PYTHON records/data_bench_datatrove.py IN OUT [spacy|split] [SEEDS]
+SPLITTER `spacy` is stock datatrove (spaCy word splitting); `split` swaps in apex3's splitter (`str.split`), the
+matched comparison. SEEDS (comma-separated, default 1) are MinHash seeds: dedup runs once per seed, the first timed.
 IN holds `prose/*.jsonl.zst` and `code/*.jsonl.zst` (the shards apex3 reads too). For prose it runs
 C4QualityFilter → GopherRepetitionFilter → GopherQualityFilter → FineWebQualityFilter (apex3's order and
 thresholds); for each source it runs the four MinHash stages (5-grams, 14 buckets × 8 hashes). Every stage
 writes its removals with an exclusion writer (apex3 writes rejects files). Prints one JSON object:
-{task: {seconds, cpu_seconds, docs_in, docs_out, removed_ids}}."""
+{task: {seconds, cpu_seconds, docs_in, docs_out, removed_ids}, 'seeds': {source: {seed: removed_ids}}}."""
 import json, shutil, sys, time
 from pathlib import Path
 from datatrove.executor import LocalPipelineExecutor
@@ -16,7 +18,11 @@ from datatrove.pipeline.filters import C4QualityFilter, GopherRepetitionFilter, 
 from datatrove.pipeline.dedup import MinhashDedupSignature, MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter
 from datatrove.pipeline.dedup.minhash import MinhashConfig
 from datatrove.utils.hashing import HashConfig
-from datatrove.utils.word_tokenizers import load_word_tokenizer
+from datatrove.utils.word_tokenizers import load_word_tokenizer, WhitespaceTokenizer
+
+class SplitTokenizer(WhitespaceTokenizer):
+    "apex3's word splitter (whitespace, `str.split`) inside datatrove; sentences as datatrove's fallback splits them."
+    def word_tokenize(self, text) -> list: return text.split()
 
 def timed(pipeline, logs, tasks=1):
     "(wall seconds, CPU seconds of this process) of one executor run with one worker."
@@ -36,19 +42,23 @@ def ids_in(folder) -> list:
             out += [json.loads(l)['id'] for l in io.TextIOWrapper(r, encoding='utf-8') if l.strip()]
     return out
 
-def clean(src, out):
-    "The prose filter chain, with each filter's removals written to out/removed/<filter>."
-    fs = [C4QualityFilter(exclusion_writer=writer(out/'removed'/'c4'), filter_curly_bracket=False),  # apex3's C4 keeps braces by default
-          GopherRepetitionFilter(exclusion_writer=writer(out/'removed'/'gopher_repetition')),
-          GopherQualityFilter(exclusion_writer=writer(out/'removed'/'gopher_quality')),
-          FineWebQualityFilter(exclusion_writer=writer(out/'removed'/'fineweb'))]
-    s, c = timed([reader(src), *fs, writer(out/'kept')], out/'logs')
-    return dict(seconds=s, cpu_seconds=c, docs_out=len(ids_in(out/'kept')), removed_ids=ids_in(out/'removed'))
+FILTERS = ('c4', 'gopher_repetition', 'gopher_quality', 'fineweb')
 
-def dedup(src, out):
+def clean(src, out, lang='eng'):
+    "The prose filter chain, with each filter's removals written to out/removed/<filter>."
+    w = lambda k: writer(out/'removed'/k)
+    fs = [C4QualityFilter(exclusion_writer=w('c4'), filter_curly_bracket=False, language=lang),  # apex3's C4 keeps braces
+          GopherRepetitionFilter(exclusion_writer=w('gopher_repetition'), language=lang),
+          GopherQualityFilter(exclusion_writer=w('gopher_quality'), language=lang),
+          FineWebQualityFilter(exclusion_writer=w('fineweb'), language=lang)]
+    s, c = timed([reader(src), *fs, writer(out/'kept')], out/'logs')
+    return dict(seconds=s, cpu_seconds=c, docs_out=len(ids_in(out/'kept')), removed_ids=ids_in(out/'removed'),
+                removed_by={k: ids_in(out/'removed'/k) for k in FILTERS})
+
+def dedup(src, out, lang='eng', seed=1):
     "datatrove's four MinHash stages with 64-bit hashes (the bucket stage needs tasks divisible by 14)."
-    cfg = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8, hash_config=HashConfig(precision=64))
-    runs = [([reader(src), MinhashDedupSignature(str(out/'sigs'), config=cfg)], 1),
+    cfg = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8, seed=seed, hash_config=HashConfig(precision=64))
+    runs = [([reader(src), MinhashDedupSignature(str(out/'sigs'), config=cfg, language=lang)], 1),
             ([MinhashDedupBuckets(str(out/'sigs'), str(out/'buckets'), config=cfg)], cfg.num_buckets),
             ([MinhashDedupCluster(str(out/'buckets'), str(out/'remove'), config=cfg)], 1),
             ([reader(src), MinhashDedupFilter(str(out/'remove'), exclusion_writer=writer(out/'removed')), writer(out/'kept')], 1)]
@@ -57,12 +67,16 @@ def dedup(src, out):
                 stage_seconds=[t[0] for t in times], stage_cpu_seconds=[t[1] for t in times],
                 docs_out=len(ids_in(out/'kept')), removed_ids=ids_in(out/'removed'))
 
-def main(src, out):
-    src, out = Path(src), Path(out)
+def main(src, out, splitter='spacy', seeds='1'):
+    src, out, seeds = Path(src), Path(out), [int(x) for x in seeds.split(',')]
     if out.exists(): shutil.rmtree(out)
-    load_word_tokenizer('en')  # warm up: spaCy's tokenizer loads once per process, not per document
-    res = {'clean:prose': clean(src/'prose', out/'clean_prose')}
-    for s in ('prose', 'code'): res[f'dedup:{s}'] = dedup(src/s, out/f'dedup_{s}')
+    lang = 'eng' if splitter == 'spacy' else SplitTokenizer()
+    load_word_tokenizer(lang).word_tokenize('warm up')  # spaCy loads once per process, not per document
+    res = {'clean:prose': clean(src/'prose', out/'clean_prose', lang), 'seeds': {}}
+    for s in ('prose', 'code'):
+        runs = {seed: dedup(src/s, out/f'dedup_{s}_{seed}', lang, seed) for seed in seeds}
+        res[f'dedup:{s}'] = runs[seeds[0]]
+        res['seeds'][s] = {seed: r['removed_ids'] for seed, r in runs.items()}
     print(json.dumps(res))
 
-if __name__ == '__main__': main(*sys.argv[1:3])
+if __name__ == '__main__': main(*sys.argv[1:5])

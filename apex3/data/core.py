@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Iterable
 import zstandard
+from .scrub import redacted_preview
 
 # %% auto #0
 __all__ = ['Document', 'atomic_write_bytes', 'write_jsonl_zst', 'read_jsonl_zst', 'write_docs', 'read_docs', 'Step',
@@ -87,7 +88,6 @@ class TaskContext:
     keep_rejected_text: int = 200
     def reject(self, doc, step, reason, detail=''):
         "Record a removed document: its id, the step, the reason and a redacted preview of its text."
-        from apex3.data.redact import redacted_preview  # imported here: redact imports this module
         self.rejects.append(json.dumps({'id': doc.id, 'step': step, 'reason': reason, 'detail': detail,
                                         'text': redacted_preview(doc.text, self.keep_rejected_text), 'meta': doc.meta}, ensure_ascii=False))
 
@@ -188,14 +188,14 @@ class LocalExecutor:
 
 class RayExecutor:
     "Run a stage's unfinished tasks as Ray tasks (`pip install ray`); `address=None` starts a local cluster."
-    def __init__(self, address=None, num_cpus=None, progress=True):
-        self.address, self.num_cpus, self.progress = address, num_cpus, progress
+    def __init__(self, address=None, num_cpus=None, progress=True, max_retries=3):
+        self.address, self.num_cpus, self.progress, self.max_retries = address, num_cpus, progress, max_retries
     def run(self, stage) -> list:
         import ray
         from tqdm.auto import tqdm
         if not ray.is_initialized():
             ray.init(address=self.address, num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
-        remote = ray.remote(run_task)
+        remote = ray.remote(max_retries=self.max_retries)(run_task)  # a task whose worker died runs again
         refs = [remote.remote(stage, i) for i in _pending(stage)]
         with tqdm(total=len(refs), desc=f'{stage.name} (ray)', disable=not self.progress or not refs, leave=False) as bar:
             while refs:

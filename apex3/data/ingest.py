@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterator
 import zstandard
 from .core import Document, Stage, TaskContext, write_docs, write_jsonl_zst, read_docs
-from .redact import redacted_preview
+from .scrub import redacted_preview
 
 # %% auto #0
 __all__ = ['SAMPLE', 'DEFAULT_EXCLUDE', 'Rejected', 'open_binary', 'capped_lines', 'looks_binary', 'read_jsonl', 'read_text_file',

@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 import numpy as np
 from .core import Stage, list_shards, read_docs
-from .tokenize import load_tokenizer, write_token_shard, write_token_meta, EOS
+import logging
+from .tokenize import load_tokenizer, write_token_shard, write_token_meta, read_token_shard, EOS
 
 # %% auto #0
-__all__ = ['long_candidates', 'long_token_ids', 'Long']
+__all__ = ['long_candidates', 'long_token_ids', 'long_from_tokens', 'Long']
 
 # %% ../../nbs/58_long.ipynb #c64240b0
 def long_candidates(docs, min_tokens) -> list:
@@ -33,10 +34,28 @@ def long_token_ids(cands, tok, min_tokens, eos) -> list:
     encs = tok.encode_batch([t for t, _ in cands])
     return [np.array(e.ids + [eos], np.uint32) for e, (_, repo) in zip(encs, cands) if repo or len(e.ids) >= min_tokens]
 
+def long_from_tokens(docs, ids, ends, min_tokens, eos, file_sep) -> list:
+    "The same selection as `long_token_ids`, sliced from the documents' token shard (`ids`, `ends`) instead of encoded."
+    out, cur, cur_repo, start = [], [], None, 0
+    def flush():
+        if cur: out.append(np.concatenate(cur + [np.array([eos], np.uint32)]))
+    for d, end in zip(docs, ends):
+        x, start = np.asarray(ids[start:end], np.uint32), int(end)  # this document's ids, EOS last
+        if d.meta.get('packed'):
+            if d.meta['repo'] != cur_repo: flush(); cur, cur_repo = [], d.meta['repo']
+            body = x[:-1]
+            if d.meta['part'] and (body == file_sep).any(): body = body[np.argmax(body == file_sep):]
+            cur.append(body); continue
+        flush(); cur, cur_repo = [], None
+        if len(x) - 1 >= min_tokens: out.append(x)
+    flush()
+    return out
+
 class Long(Stage):
     "Gather long documents and whole repositories of the document shards of `src` into token shards under `out`."
-    def __init__(self, src, out, tokenizer, min_tokens=2048, prefix='long'):
+    def __init__(self, src, out, tokenizer, min_tokens=2048, prefix='long', tokens=None):
         self.src, self.out, self.tokenizer, self.min_tokens = str(src), str(out), str(tokenizer), min_tokens
+        self.tokens = None if tokens is None else str(tokens)  # the `tokenize` stage's output for the same shards
         self.prefix, self.name = prefix, f'long:{prefix}'
         self.shards = list_shards(self.src)
     def n_tasks(self): return len(self.shards)
@@ -44,7 +63,20 @@ class Long(Stage):
     def run(self, i):
         tok = load_tokenizer(self.tokenizer); eos = tok.token_to_id(EOS)
         docs = list(read_docs(self.shards[i]))
-        ids = long_token_ids(long_candidates(docs, self.min_tokens), tok, self.min_tokens, eos)
+        ids = self.reused(i, docs, tok, eos)
+        if ids is None: ids = long_token_ids(long_candidates(docs, self.min_tokens), tok, self.min_tokens, eos)
         n = write_token_shard(Path(self.out)/self.task_name(i), ids, tok.get_vocab_size())
         write_token_meta(self.out, tok, self.tokenizer)
         return {'docs_in': len(docs), 'bytes_in': sum(d.nbytes for d in docs), 'long/docs': len(ids), 'tokens': n}
+    def reused(self, i, docs, tok, eos):
+        "The long documents' ids from the token shard of shard `i`, or None (with a warning) when it does not fit."
+        if self.tokens is None: return None
+        if not docs: return []  # an empty shard's token file is empty too (and cannot be mapped)
+        stem = Path(self.tokens)/Path(self.shards[i]).name.removesuffix('.jsonl.zst')
+        try: ids, ends = read_token_shard(stem)
+        except (OSError, ValueError) as e: ids, ends = None, f'{type(e).__name__}: {e}'
+        if ids is None or len(ends) != len(docs):
+            why = ends if ids is None else f'{len(ends)} documents, not {len(docs)}'
+            logging.getLogger(__name__).warning(f'{stem}: no matching token shard ({why}); encoding again')
+            return None
+        return long_from_tokens(docs, ids, ends, self.min_tokens, eos, tok.token_to_id('<file_sep>'))

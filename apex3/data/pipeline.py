@@ -16,6 +16,7 @@ from .redact import Redact
 from .repopack import RepoPack
 from .tokenize import TrainTokenizer, Tokenize
 from .long import Long
+from .download import DownloadStage, run_downloads
 
 # %% auto #0
 __all__ = ['STEPS', 'SOURCE_KEYS', 'make_step', 'load_config', 'source_stages', 'pipeline_stages', 'run_pipeline', 'data_main',
@@ -47,6 +48,12 @@ def load_config(path) -> dict:
     base = path.parent.resolve()
     cfg.setdefault('pipeline', {}); cfg['pipeline']['out'] = str(base/cfg['pipeline'].get('out', 'out'))
     for s in cfg.get('source', []):
+        if 'url' in s: s['urls'] = [s.pop('url')]
+        if 'urls' in s:  # downloaded into out/downloads/NAME, ingested from there
+            s['download_to'] = str(Path(cfg['pipeline']['out'])/'downloads'/s.get('name', 'source'))
+            s.setdefault('path', s['download_to'] + '/*')
+        if 'manifest' in s: s['manifest'] = str(base/os.path.expanduser(s['manifest']))
+        if 'path' not in s: raise UsageError(f"{path}: source {s.get('name', '?')!r} needs a path or urls")
         s['path'] = str(base/os.path.expanduser(s['path']))
         for k in ('extensions', 'exclude'):
             if k in s: s[k] = tuple(s[k])
@@ -56,6 +63,8 @@ def load_config(path) -> dict:
 def source_stages(s, out, params):
     "The stages of one source, built one at a time: ingest, fused step chains, dedup's three stages."
     work = Path(out)/'work'/s['name']
+    if s.get('urls'):
+        yield DownloadStage(s['name'], s['urls'], s['download_to'], s.get('sha256', ()), s.get('manifest'))
     stage = IngestStage(Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS}), work/'00_ingest')
     yield stage
     prev, chain, k = stage.out, [], 1
@@ -82,7 +91,9 @@ def pipeline_stages(cfg):
     yield tt
     for s in cfg['source']: yield Tokenize(s['_final'], out/'tokens'/s['name'], tt.path)
     if cfg.get('long', {}).get('enabled', True):
-        for s in cfg['source']: yield Long(s['_final'], out/'tokens'/'long', tt.path, cfg.get('long', {}).get('min_tokens', 2048), s['name'])
+        for s in cfg['source']:
+            n = cfg.get('long', {}).get('min_tokens', 2048)
+            yield Long(s['_final'], out/'tokens'/'long', tt.path, n, s['name'], tokens=out/'tokens'/s['name'])
 
 def run_pipeline(cfg, executor=None, log=print) -> list:
     "Run (or resume) every stage; returns every task's marker record, tagged with its stage."
@@ -90,7 +101,9 @@ def run_pipeline(cfg, executor=None, log=print) -> list:
     recs = []
     try:
         for st in pipeline_stages(cfg):
-            t0 = time.perf_counter(); r = ex.run(st)
+            t0 = time.perf_counter()
+            dl = isinstance(st, DownloadStage)
+            r = run_downloads(st, cfg['pipeline'].get('downloads', 4), False) if dl else ex.run(st)
             for x in r: x['stage'] = st.name
             recs += r
             log(f'{st.name:<48} {len(r):>3} tasks {time.perf_counter() - t0:7.2f}s')

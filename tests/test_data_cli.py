@@ -8,8 +8,10 @@ def test_usage_errors(tmp_path):
     with pytest.raises(UsageError, match='no such config'): data_main(['run', str(tmp_path/'missing.toml')])
     (tmp_path/'bad.toml').write_text('[pipeline\n')
     with pytest.raises(UsageError): data_main(['run', str(tmp_path/'bad.toml')])
-    with pytest.raises(UsageError, match='unknown step'): 
-        write_docs(tmp_path/'in'/'s.jsonl.zst', [Document('a', 'x')]); data_main(['frobnicate', str(tmp_path/'in'), str(tmp_path/'out')])
+    write_docs(tmp_path/'in'/'s.jsonl.zst', [Document('a', 'x')])
+    with pytest.raises(UsageError, match="unknown stage 'frobnicate'"): data_main(['frobnicate', str(tmp_path/'in'), 'out'])
+    # an unknown stage is named before its arguments are looked at
+    with pytest.raises(UsageError, match="unknown stage 'frobnicate'"): data_main(['frobnicate', 'a', 'b'])
     with pytest.raises(UsageError, match='no \\*.jsonl.zst shards'): data_main(['redact', str(tmp_path/'nothing'), str(tmp_path/'out')])
 
 def test_one_stage_redact(tmp_path, capsys):

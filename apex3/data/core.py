@@ -4,7 +4,7 @@
 
 # %% ../../nbs/50_data.ipynb #d00d04b9
 from __future__ import annotations
-import io, json, os, time, glob, tempfile
+import io, json, os, time, glob, tempfile, sysconfig
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,9 +13,9 @@ import zstandard
 from .scrub import redacted_preview
 
 # %% auto #0
-__all__ = ['Document', 'atomic_write_bytes', 'write_jsonl_zst', 'read_jsonl_zst', 'write_docs', 'read_docs', 'Step',
-           'TaskContext', 'Stage', 'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards',
-           'write_task_outputs', 'MapStage', 'LocalExecutor', 'RayExecutor']
+__all__ = ['STDLIB_SKIP', 'Document', 'atomic_write_bytes', 'write_jsonl_zst', 'read_jsonl_zst', 'write_docs', 'read_docs',
+           'Step', 'TaskContext', 'Stage', 'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank',
+           'list_shards', 'write_task_outputs', 'MapStage', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -201,3 +201,14 @@ class RayExecutor:
             while refs:
                 done, refs = ray.wait(refs); ray.get(done); bar.update(len(done))
         return [run_task(stage, i) for i in range(stage.n_tasks())]
+
+# %% ../../nbs/50_data.ipynb #4a873e29
+STDLIB_SKIP = {'test', 'tests', 'idle_test', 'site-packages', '__pycache__', 'lib2to3', 'idlelib', 'turtledemo',
+               'ensurepip', 'tkinter', 'lib-dynload'}
+
+def stdlib_files(root=None, max_files=None) -> list:
+    "Sorted relative paths of the standard library's .py files (skipping tests and tools)."
+    root = Path(root or sysconfig.get_paths()['stdlib'])
+    fs = sorted(str(p.relative_to(root)) for p in root.rglob('*.py')
+                if not (set(p.relative_to(root).parts[:-1]) & STDLIB_SKIP) and not p.parts[-2].startswith('config-'))
+    return fs[:max_files] if max_files else fs

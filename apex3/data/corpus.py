@@ -6,25 +6,13 @@
 from __future__ import annotations
 import ast, gzip, json, os, random, re, shutil, sysconfig
 from pathlib import Path
-from .core import Document, write_docs
+from .core import Document, write_docs, stdlib_files
 from .dedup import near_copy
 from .redact import fake_secrets
 from .decontaminate import humaneval_prompts
 
 # %% auto #0
-__all__ = ['STDLIB_SKIP', 'CONFIG', 'stdlib_files', 'unwrap', 'module_prose', 'plant_secrets_text', 'malformed_files',
-           'build_corpus']
-
-# %% ../../nbs/5a_corpus.ipynb #4a873e29
-STDLIB_SKIP = {'test', 'tests', 'idle_test', 'site-packages', '__pycache__', 'lib2to3', 'idlelib', 'turtledemo',
-               'ensurepip', 'tkinter', 'lib-dynload'}
-
-def stdlib_files(root=None, max_files=None) -> list:
-    "Sorted relative paths of the standard library's .py files (skipping tests and tools)."
-    root = Path(root or sysconfig.get_paths()['stdlib'])
-    fs = sorted(str(p.relative_to(root)) for p in root.rglob('*.py')
-                if not (set(p.relative_to(root).parts[:-1]) & STDLIB_SKIP) and not p.parts[-2].startswith('config-'))
-    return fs[:max_files] if max_files else fs
+__all__ = ['CONFIG', 'unwrap', 'module_prose', 'plant_secrets_text', 'malformed_files', 'build_corpus']
 
 # %% ../../nbs/5a_corpus.ipynb #fc222de1
 def unwrap(doc) -> str:

@@ -189,7 +189,7 @@ CONFIGS = {'14x8 unverified': dict(bands=14, rows=8, threshold=None),
 
 def _stdlib_docs():
     import sysconfig
-    from apex3.data.corpus import stdlib_files  # imported here: the corpus chapter builds on this one
+    from apex3.data.core import stdlib_files
     root = Path(sysconfig.get_paths()['stdlib'])
     return [Document(f, (root/f).read_text(errors='replace')) for f in stdlib_files()]
 

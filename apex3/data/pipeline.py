@@ -137,6 +137,8 @@ def data_main(argv=()):
     p.add_argument('--max-files', type=int, default=None, help='demo/corpus: only the first N library files')
     p.add_argument('--set', nargs='*', default=[], help='a stage: its parameters as KEY=VALUE')
     a = p.parse_args(argv)
+    known = ('run', 'demo', 'corpus', 'dedup', *STEPS)
+    if a.what not in known: raise UsageError(f"unknown stage {a.what!r} (choose from {', '.join(known)})")
     if a.what in ('demo', 'corpus'):
         from apex3.data.corpus import build_corpus
         out = Path(a.args[0] if a.args else 'apex3-data')

@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = ['GRACE_S', 'MCPToolError', 'mcp_target', 'list_tools', 'call_tool', 'mcp_tool_specs', 'tools_main', 'call_main']
 
-# %% ../../nbs/63_mcp.ipynb #d4cd3c7f
+# %% ../../nbs/63_mcp.ipynb #89a0a90f
 import json, shlex, shutil, sys, tempfile, threading
 import anyio
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from ..usage import UsageError, ArgParser, run_command
 
-# %% ../../nbs/63_mcp.ipynb #abe7c824
+# %% ../../nbs/63_mcp.ipynb #834d3103
 class MCPToolError(RuntimeError):
     "An MCP server could not be reached, did not answer in time, or reported an error."
 
@@ -27,7 +27,7 @@ def mcp_target(command=None, url=None):
     if shutil.which(argv[0]) is None: raise UsageError(f'MCP server command not found: {argv[0]}')
     return StdioServerParameters(command=argv[0], args=argv[1:])
 
-# %% ../../nbs/63_mcp.ipynb #4a5e4a62
+# %% ../../nbs/63_mcp.ipynb #2d9b0569
 GRACE_S = 10.0  # extra time for the SDK's bounded cleanup after the deadline
 
 def _leaf(e):
@@ -68,7 +68,7 @@ def _bounded(session_fn, target, timeout, what):
     if log: log.close()
     return box['value']
 
-# %% ../../nbs/63_mcp.ipynb #899cc121
+# %% ../../nbs/63_mcp.ipynb #571dacf8
 def _as_spec(tool):
     return dict(name=tool.name, description=tool.description or '', parameters=tool.input_schema)
 
@@ -90,7 +90,7 @@ def call_tool(name, args, command=None, url=None, timeout=30.0):
     if result.is_error: raise MCPToolError(f'MCP tool {name} failed: {_text(result)[:300]}')
     return _text(result)
 
-# %% ../../nbs/63_mcp.ipynb #a7f04110
+# %% ../../nbs/63_mcp.ipynb #2b13bddb
 def mcp_tool_specs(command=None, url=None, timeout=30.0):
     "An MCP server's tools as agent tool specs: dict(name, description, parameters, call(args) -> str)."
     def caller(name):
@@ -100,7 +100,7 @@ def mcp_tool_specs(command=None, url=None, timeout=30.0):
         return call
     return [dict(spec, call=caller(spec['name'])) for spec in list_tools(command, url, min(timeout, 30.0))]
 
-# %% ../../nbs/63_mcp.ipynb #1a413f95
+# %% ../../nbs/63_mcp.ipynb #c1563b11
 def _server_args(p):
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument('--mcp', help='the server command, quoted as one argument: "python server.py"')

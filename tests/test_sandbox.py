@@ -21,7 +21,10 @@ def test_docker_escape_suite():
     except UsageError as e:
         print(f'docker escape suite skipped: {e}')
         pytest.skip(str(e))
-    with DockerSandbox(SUITE_LIMITS) as sb: rows = escape_suite(sb)
+    with DockerSandbox(SUITE_LIMITS) as sb:
+        r = sb.run(['sh', '-c', 'cat; echo e >&2; head -c 3000000 /dev/zero; exit 4'], stdin='x')
+        assert (r.stdout[:1], r.stderr, r.exit_code, r.truncated, len(r.stdout)) == ('x', 'e\n', 4, True, sb.limits.output_bytes)
+        rows = escape_suite(sb)
     print('\n' + escape_table(rows, 'docker'))
     assert [r['attack'] for r in rows if not r['blocked']] == []
 

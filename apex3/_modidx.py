@@ -51,6 +51,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'apex3.agent.sandbox._attack': ('sandbox.html#_attack', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._capeff': ('sandbox.html#_capeff', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._capped': ('sandbox.html#_capped', 'apex3/agent/sandbox.py'),
+                                     'apex3.agent.sandbox._check_cmd': ('sandbox.html#_check_cmd', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._cmdline': ('sandbox.html#_cmdline', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._cpu': ('sandbox.html#_cpu', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._dns': ('sandbox.html#_dns', 'apex3/agent/sandbox.py'),

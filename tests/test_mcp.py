@@ -59,13 +59,14 @@ def test_unreachable_url():
         port = s.getsockname()[1]  # closed again: nobody listens here
     within(lambda: list_tools(url=f'http://127.0.0.1:{port}/mcp', timeout=3), 3, 'listing MCP tools')
 
-@pytest.mark.skipif(shutil.which('mcp-server-time') is None, reason='mcp-server-time is not installed (the dev extra has it)')
+@pytest.mark.skipif(shutil.which('mcp-server-time') is None, reason='mcp-server-time is missing (the dev extra has it)')
 def test_published_time_server_against_zoneinfo():
     server = [shutil.which('mcp-server-time')]
     assert {'get_current_time', 'convert_time'} == {t['name'] for t in list_tools(server)}
     out = json.loads(call_tool('convert_time', dict(source_timezone='America/New_York', time='09:30',
                                                     target_timezone='Asia/Kolkata'), server))
-    start = dt.datetime.combine(dt.datetime.now(ZoneInfo('America/New_York')).date(), dt.time(9, 30), ZoneInfo('America/New_York'))
+    ny = ZoneInfo('America/New_York')
+    start = dt.datetime.combine(dt.datetime.now(ny).date(), dt.time(9, 30), ny)
     assert out['target']['datetime'][:16] == start.astimezone(ZoneInfo('Asia/Kolkata')).isoformat()[:16]
     with pytest.raises(MCPToolError, match='convert_time'):
         call_tool('convert_time', dict(source_timezone='Not/AZone', time='09:30', target_timezone='UTC'), server)

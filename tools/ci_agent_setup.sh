@@ -8,7 +8,8 @@ need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v dockerd >/dev/null || need+=(docker.io)
 if [ ${#need[@]} -gt 0 ]; then
-    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null || echo "ci_agent_setup: apt-get install ${need[*]} failed"
+    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null \
+        || echo "ci_agent_setup: apt-get install ${need[*]} failed"
 fi
 command -v bwrap >/dev/null || { echo "ci_agent_setup: bubblewrap is missing"; exit 1; }
 if docker info >/dev/null 2>&1; then

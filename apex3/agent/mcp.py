@@ -5,29 +5,30 @@
 # %% auto #0
 __all__ = ['GRACE_S', 'MCPToolError', 'mcp_target', 'list_tools', 'call_tool', 'mcp_tool_specs', 'tools_main', 'call_main']
 
-# %% ../../nbs/63_mcp.ipynb #89a0a90f
+# %% ../../nbs/63_mcp.ipynb #483d1469
 import json, shlex, shutil, sys, tempfile, threading
 import anyio
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from ..usage import UsageError, ArgParser, run_command
 
-# %% ../../nbs/63_mcp.ipynb #834d3103
+# %% ../../nbs/63_mcp.ipynb #95ad246e
 class MCPToolError(RuntimeError):
     "An MCP server could not be reached, did not answer in time, or reported an error."
 
 def mcp_target(command=None, url=None):
-    "What `mcp.Client` connects to: `StdioServerParameters` for a command (a list or a shell-quoted string), or the URL."
+    "What `mcp.Client` connects to: `StdioServerParameters` for a command (a list or a quoted string), or the URL."
     if (command is None) == (url is None): raise UsageError('give exactly one MCP server: a command or a URL')
     if url is not None:
-        if not url.startswith(('http://', 'https://')): raise UsageError(f'MCP URL must start with http:// or https://: {url!r}')
+        if not url.startswith(('http://', 'https://')):
+            raise UsageError(f'MCP URL must start with http:// or https://: {url!r}')
         return url
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if not argv: raise UsageError('empty MCP server command')
     if shutil.which(argv[0]) is None: raise UsageError(f'MCP server command not found: {argv[0]}')
     return StdioServerParameters(command=argv[0], args=argv[1:])
 
-# %% ../../nbs/63_mcp.ipynb #2d9b0569
+# %% ../../nbs/63_mcp.ipynb #3b7729e9
 GRACE_S = 10.0  # extra time for the SDK's bounded cleanup after the deadline
 
 def _leaf(e):
@@ -68,7 +69,7 @@ def _bounded(session_fn, target, timeout, what):
     if log: log.close()
     return box['value']
 
-# %% ../../nbs/63_mcp.ipynb #571dacf8
+# %% ../../nbs/63_mcp.ipynb #5cc5369e
 def _as_spec(tool):
     return dict(name=tool.name, description=tool.description or '', parameters=tool.input_schema)
 
@@ -78,19 +79,21 @@ def list_tools(command=None, url=None, timeout=10.0):
     return _bounded(tools, mcp_target(command, url), timeout, 'listing MCP tools')
 
 def _text(result):
-    parts = [c.text if getattr(c, 'type', None) == 'text' else f'[{getattr(c, "type", "unknown")} content]' for c in result.content]
+    kinds = [getattr(c, 'type', 'unknown') for c in result.content]
+    parts = [c.text if kind == 'text' else f'[{kind} content]' for c, kind in zip(result.content, kinds)]
     if not parts and result.structured_content is not None: parts = [json.dumps(result.structured_content)]
     return '\n'.join(parts)
 
 def call_tool(name, args, command=None, url=None, timeout=30.0):
     "Call tool `name` with `args` (a dict) on an MCP server; its text result, or MCPToolError."
-    if not isinstance(args, dict): raise UsageError(f'MCP tool arguments must be a JSON object, not {type(args).__name__}')
+    if not isinstance(args, dict):
+        raise UsageError(f'MCP tool arguments must be a JSON object, not {type(args).__name__}')
     async def call(client): return await client.call_tool(name, args)
     result = _bounded(call, mcp_target(command, url), timeout, f'MCP tool {name}')
     if result.is_error: raise MCPToolError(f'MCP tool {name} failed: {_text(result)[:300]}')
     return _text(result)
 
-# %% ../../nbs/63_mcp.ipynb #2b13bddb
+# %% ../../nbs/63_mcp.ipynb #ecf5b561
 def mcp_tool_specs(command=None, url=None, timeout=30.0):
     "An MCP server's tools as agent tool specs: dict(name, description, parameters, call(args) -> str)."
     def caller(name):
@@ -100,7 +103,7 @@ def mcp_tool_specs(command=None, url=None, timeout=30.0):
         return call
     return [dict(spec, call=caller(spec['name'])) for spec in list_tools(command, url, min(timeout, 30.0))]
 
-# %% ../../nbs/63_mcp.ipynb #c1563b11
+# %% ../../nbs/63_mcp.ipynb #4d81da3f
 def _server_args(p):
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument('--mcp', help='the server command, quoted as one argument: "python server.py"')

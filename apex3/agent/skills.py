@@ -6,14 +6,14 @@
 __all__ = ['log', 'SkillError', 'check_front_matter', 'Skill', 'load_skill', 'load_skills', 'example_skills_dir', 'skill_catalog',
            'run_script']
 
-# %% ../../nbs/64_skills.ipynb #582a5ab6
+# %% ../../nbs/64_skills.ipynb #e6411688
 import html, logging, os, re, shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 import yaml
 from .sandbox import get_sandbox
 
-# %% ../../nbs/64_skills.ipynb #2bafe1e7
+# %% ../../nbs/64_skills.ipynb #382be21d
 log = logging.getLogger(__name__)
 _NAME = re.compile(r'[a-z0-9]+(-[a-z0-9]+)*')
 _FIELDS = {'name', 'description', 'license', 'compatibility', 'metadata', 'allowed-tools'}
@@ -30,25 +30,27 @@ def _front_matter(text):
     if not isinstance(meta, dict): raise SkillError('front matter must be a YAML mapping of fields')
     return meta, text[m.end():]
 
-# %% ../../nbs/64_skills.ipynb #2062bb5f
+# %% ../../nbs/64_skills.ipynb #bd7d41fa
 def check_front_matter(meta, folder_name):
     "Every way `meta` breaks the specification, as a list of messages (empty: valid)."
     errs = [f'unknown field {k!r} (allowed: {", ".join(sorted(_FIELDS))})' for k in meta if k not in _FIELDS]
     name, desc = meta.get('name'), meta.get('description')
     if not isinstance(name, str) or not 1 <= len(name) <= 64 or not _NAME.fullmatch(name):
-        errs.append(f'name {name!r} must be 1-64 characters of a-z, 0-9 and single hyphens, not starting or ending with one')
+        errs.append(f'name {name!r} must be 1-64 characters of a-z, 0-9 and single hyphens, not at either end')
     elif name != folder_name: errs.append(f'name {name!r} must equal the folder name {folder_name!r}')
-    if not isinstance(desc, str) or not 1 <= len(desc.strip()) <= 1024: errs.append('description must be 1-1024 characters')
+    if not isinstance(desc, str) or not 1 <= len(desc.strip()) <= 1024:
+        errs.append('description must be 1-1024 characters')
     if 'license' in meta and not isinstance(meta['license'], str): errs.append('license must be a string')
     comp = meta.get('compatibility')
-    if comp is not None and (not isinstance(comp, str) or not 1 <= len(comp) <= 500): errs.append('compatibility must be 1-500 characters')
+    if comp is not None and (not isinstance(comp, str) or not 1 <= len(comp) <= 500):
+        errs.append('compatibility must be 1-500 characters')
     md = meta.get('metadata', {})
     if not isinstance(md, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in md.items()):
         errs.append('metadata must map strings to strings (quote numbers: version: "1.0")')
     if not isinstance(meta.get('allowed-tools', ''), str): errs.append('allowed-tools must be a space-separated string')
     return errs
 
-# %% ../../nbs/64_skills.ipynb #45b2b6f7
+# %% ../../nbs/64_skills.ipynb #962adc0f
 @dataclass
 class Skill:
     "An Agent Skills folder whose SKILL.md front matter passed the specification's checks."
@@ -67,7 +69,8 @@ class Skill:
     def _inside(self, sub, name):
         root = (self.path / sub).resolve()
         target = (root / name).resolve()
-        if not target.is_relative_to(root) or not target.is_file(): raise SkillError(f'skill {self.name} has no {sub}/{name}')
+        if not target.is_relative_to(root) or not target.is_file():
+            raise SkillError(f'skill {self.name} has no {sub}/{name}')
         return target
 
     def files(self, sub):
@@ -79,16 +82,17 @@ class Skill:
         "The text of references/NAME."
         return self._inside('references', name).read_text()
 
-# %% ../../nbs/64_skills.ipynb #45a8684e
+# %% ../../nbs/64_skills.ipynb #486b86b3
 def load_skill(folder):
     "The Skill in `folder`, or SkillError naming everything wrong with it."
     folder = Path(folder)
     if not (folder / 'SKILL.md').is_file(): raise SkillError(f'{folder}: no SKILL.md')
     try: meta, _ = _front_matter((folder / 'SKILL.md').read_text())
     except (SkillError, UnicodeDecodeError) as e: raise SkillError(f'{folder}/SKILL.md: {e}')
-    if errs := check_front_matter(meta, folder.resolve().name): raise SkillError(f'{folder}/SKILL.md: ' + '; '.join(errs))
-    return Skill(meta['name'], meta['description'].strip(), folder.resolve(), meta.get('license'), meta.get('compatibility'),
-                 dict(meta.get('metadata') or {}), meta.get('allowed-tools', '').split())
+    if errs := check_front_matter(meta, folder.resolve().name):
+        raise SkillError(f'{folder}/SKILL.md: ' + '; '.join(errs))
+    return Skill(meta['name'], meta['description'].strip(), folder.resolve(), meta.get('license'),
+                 meta.get('compatibility'), dict(meta.get('metadata') or {}), meta.get('allowed-tools', '').split())
 
 def _skill_folders(d):
     d = Path(d)
@@ -102,7 +106,8 @@ def load_skills(dirs, strict=False):
     for folder in (f for d in ([dirs] if isinstance(dirs, (str, Path)) else dirs) for f in _skill_folders(d)):
         try:
             s = load_skill(folder)
-            if s.name in skills: raise SkillError(f'{folder}: a skill named {s.name} was already loaded from {skills[s.name].path}')
+            if s.name in skills:
+                raise SkillError(f'{folder}: a skill named {s.name} was already loaded from {skills[s.name].path}')
         except SkillError as e:
             if strict: raise
             log.warning('skipping skill: %s', e)
@@ -110,12 +115,12 @@ def load_skills(dirs, strict=False):
         skills[s.name] = s
     return list(skills.values())
 
-# %% ../../nbs/64_skills.ipynb #a9c69375
+# %% ../../nbs/64_skills.ipynb #e178bee1
 def example_skills_dir():
     "The folder of skills shipped with apex3."
     return Path(__file__).parent / 'example_skills'
 
-# %% ../../nbs/64_skills.ipynb #75cdcfd7
+# %% ../../nbs/64_skills.ipynb #114396c8
 def skill_catalog(skills):
     "The system-prompt block listing each skill's name, description and SKILL.md location."
     if not skills: return ''
@@ -123,7 +128,7 @@ def skill_catalog(skills):
              f'<location>{html.escape(str(s.path / "SKILL.md"))}</location>\n</skill>' for s in skills]
     return '<available_skills>\n' + '\n'.join(items) + '\n</available_skills>'
 
-# %% ../../nbs/64_skills.ipynb #95547bfa
+# %% ../../nbs/64_skills.ipynb #40bc0c1d
 _RUNNERS = {'.py': ['python3'], '.sh': ['sh']}
 
 def run_script(skill, name, args=(), sandbox=None, stdin=None, timeout=None):

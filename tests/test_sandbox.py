@@ -2,20 +2,23 @@
 import contextlib, io, os, shutil, tempfile
 import pytest
 from apex3.usage import UsageError, run_command
-from apex3.agent.sandbox import (BwrapSandbox, DockerSandbox, Limits, SandboxResult, escape_suite, escape_table,
-                                 get_sandbox, sandbox_main, _docker_client, _run_limited)
+from apex3.agent.sandbox import (SUITE_LIMITS as SUITE, BwrapSandbox, DockerSandbox, Limits, SandboxResult,
+                                 escape_suite, escape_table, get_sandbox, sandbox_main, _docker_client, _run_limited)
 
-SUITE_LIMITS = Limits(memory_mb=256, pids=32, cpu_s=1, wall_s=20)
+SUITE_LIMITS = Limits(**SUITE)
 needs_bwrap = pytest.mark.skipif(shutil.which('bwrap') is None and not os.environ.get('CI'),
                                  reason='bubblewrap is not installed (tools/ci_agent_setup.sh installs it)')
 
 @needs_bwrap
-def test_bwrap_escape_suite():
-    with BwrapSandbox(SUITE_LIMITS) as sb: rows = escape_suite(sb)
-    print('\n' + escape_table(rows, 'bwrap'))
-    escaped = [r['attack'] for r in rows if not r['blocked']]
+def test_bwrap_escape_suite_from_the_cli():
+    rc, out, err = _cli('--escape-suite')
+    print('\n' + out)
+    rows = out.strip().splitlines()
+    assert len(rows) == 15 + 1
+    escaped = [line.split('  ')[0] for line in rows[:-1] if ' ESCAPED ' in line]
     assert escaped == ([] if os.geteuid() == 0 else ['memory, forked'])  # the cgroups need root
-    assert len(rows) == 15
+    assert rows[-1] == ('bwrap: 15/15 blocked' if os.geteuid() == 0 else 'bwrap: 14/15 blocked')
+    assert rc == (0 if os.geteuid() == 0 else 1)
 
 def test_docker_escape_suite():
     try: _docker_client()

@@ -7,6 +7,7 @@ export DEBIAN_FRONTEND=noninteractive
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v dockerd >/dev/null || need+=(docker.io)
+[ -x /usr/bin/python3 ] || need+=(python3)  # the Python inside the sandboxes (the system one, under /usr)
 if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null \
         || echo "ci_agent_setup: apt-get install ${need[*]} failed"

@@ -7,12 +7,12 @@ __all__ = ['SANDBOX_UID', 'SANDBOX_PYTHON', 'log', 'ESCAPES', 'SUITE_LIMITS', 'D
            'bwrap_argv', 'Cgroups', 'BwrapSandbox', 'get_sandbox', 'HostBait', 'escape_suite', 'escape_table',
            'sandbox_main', 'image_files', 'image_tag', 'build_image', 'DockerSandbox']
 
-# %% ../../nbs/62_sandbox.ipynb #29d3db72
+# %% ../../nbs/62_sandbox.ipynb #cc6f3617
 import logging, os, secrets, shutil, resource, signal, subprocess, sys, tempfile, threading, time
 from dataclasses import dataclass
 from ..usage import UsageError, ArgParser, run_command
 
-# %% ../../nbs/62_sandbox.ipynb #a6b16bf7
+# %% ../../nbs/62_sandbox.ipynb #76272401
 @dataclass
 class SandboxResult:
     "What one sandboxed command did."
@@ -27,7 +27,7 @@ class SandboxResult:
     @property
     def ok(self): return self.exit_code == 0 and not self.timed_out
 
-# %% ../../nbs/62_sandbox.ipynb #6fba5b15
+# %% ../../nbs/62_sandbox.ipynb #e2a4f9d5
 @dataclass
 class Limits:
     "Resource limits for one sandboxed command."
@@ -38,18 +38,18 @@ class Limits:
     fsize_mb: int = 64     # largest file the command may write
     output_bytes: int = 1 << 20  # kept per stream
 
-    def apply(self):
+    def apply(self, nproc=True):
         "Set the rlimits in this process (the child, before exec); never above a hard limit already set."
         mb, R = 1 << 20, resource
-        for res, soft, hard in [(R.RLIMIT_AS, self.memory_mb * mb, None), (R.RLIMIT_NPROC, self.pids, None),
-                                (R.RLIMIT_FSIZE, self.fsize_mb * mb, None), (R.RLIMIT_CORE, 0, None),
-                                (R.RLIMIT_NOFILE, 256, None), (R.RLIMIT_CPU, self.cpu_s, self.cpu_s + 1)]:
+        limits = [(R.RLIMIT_AS, self.memory_mb * mb, None), (R.RLIMIT_FSIZE, self.fsize_mb * mb, None),
+                  (R.RLIMIT_CORE, 0, None), (R.RLIMIT_NOFILE, 256, None), (R.RLIMIT_CPU, self.cpu_s, self.cpu_s + 1)]
+        for res, soft, hard in limits + nproc * [(R.RLIMIT_NPROC, self.pids, None)]:
             cap = resource.getrlimit(res)[1]
             resource.setrlimit(res, (_capped(soft, cap), _capped(soft if hard is None else hard, cap)))
 
 def _capped(value, cap): return value if cap == resource.RLIM_INFINITY else min(value, cap)
 
-# %% ../../nbs/62_sandbox.ipynb #d567b2b6
+# %% ../../nbs/62_sandbox.ipynb #8d36053e
 def _drain(stream, keep, out):
     "Read `stream` to its end, keeping the first `keep` bytes in `out['data']`."
     buf = bytearray()
@@ -84,7 +84,7 @@ def _run_limited(argv, stdin, wall_s, keep, **popen):
     text = [o['data'].decode(errors='replace') for o in outs]
     return p.returncode, text[0], text[1], timed_out, any(o['cut'] for o in outs), time.monotonic() - t0
 
-# %% ../../nbs/62_sandbox.ipynb #543c617d
+# %% ../../nbs/62_sandbox.ipynb #afdb46b1
 SANDBOX_UID = 65534  # nobody: the host uid the sandbox runs as when the caller is root
 SANDBOX_PYTHON = 'python3'  # the sandbox's Python: the system's, under /usr (a venv's interpreter is not inside)
 
@@ -113,7 +113,7 @@ def bwrap_argv(workspace, ro_paths=(), bwrap='bwrap'):
             *_root_args(ro_paths), '--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp',
             '--bind', workspace, '/workspace', '--chdir', '/workspace', '--remount-ro', '/', '--']
 
-# %% ../../nbs/62_sandbox.ipynb #1f0bd4ab
+# %% ../../nbs/62_sandbox.ipynb #46e35201
 log = logging.getLogger(__name__)
 
 def _own_cgroup(controller, proc_cgroup='/proc/self/cgroup', root='/sys/fs/cgroup'):
@@ -160,7 +160,7 @@ class Cgroups:
 def _put(path, value):
     with open(path, 'w') as f: f.write(str(value))
 
-# %% ../../nbs/62_sandbox.ipynb #b121244f
+# %% ../../nbs/62_sandbox.ipynb #6e443149
 class BwrapSandbox:
     "Run commands under bubblewrap with `Limits`; the workspace persists across runs until `close()`."
     backend, _warned = 'bwrap', False
@@ -206,7 +206,7 @@ class BwrapSandbox:
     def _child(self, cg):
         "In the child before exec: join the cgroups (as root), set the rlimits, then drop to the sandbox uid."
         if cg: cg.join()
-        self.limits.apply()
+        self.limits.apply(nproc=cg is None)  # with a pids cgroup, no per-uid count shared with other sandboxes
         if self._as_root:
             os.setgroups([])
             os.setgid(SANDBOX_UID)
@@ -217,7 +217,7 @@ class BwrapSandbox:
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
-# %% ../../nbs/62_sandbox.ipynb #53f0f342
+# %% ../../nbs/62_sandbox.ipynb #3c7cb2e7
 def get_sandbox(backend='bwrap', memory_mb=512, pids=64, cpu_s=10, wall_s=30.0, workdir=None, timeout=None, **kw):
     "A sandbox of `backend` ('bwrap' or 'docker'); `.run(cmd, stdin, timeout)` runs one command. `timeout`: `wall_s`."
     limits = Limits(memory_mb=memory_mb, pids=pids, cpu_s=cpu_s, wall_s=timeout or wall_s)
@@ -225,10 +225,10 @@ def get_sandbox(backend='bwrap', memory_mb=512, pids=64, cpu_s=10, wall_s=30.0, 
     if backend == 'docker': return DockerSandbox(limits, workdir, **kw)
     raise UsageError(f"unknown sandbox backend {backend!r} (choose 'bwrap' or 'docker')")
 
-# %% ../../nbs/62_sandbox.ipynb #37f80df5
+# %% ../../nbs/62_sandbox.ipynb #e92d1fbe
 import json, socket, stat
 
-# %% ../../nbs/62_sandbox.ipynb #68b95b1e
+# %% ../../nbs/62_sandbox.ipynb #15175e1b
 def _host_ip():
     "This host's outward address (no packet is sent: a UDP connect only picks a route), or loopback."
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -271,7 +271,7 @@ class HostBait:
         self.udp.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-# %% ../../nbs/62_sandbox.ipynb #325628dc
+# %% ../../nbs/62_sandbox.ipynb #75f3c069
 _ATTACKS = dict(
 tcp="""import socket, json, sys
 won = []
@@ -352,7 +352,7 @@ def _attack(sb, name, *args, **run):
     try: return json.loads(r.stdout.strip().splitlines()[-1]), r
     except (ValueError, IndexError): return None, r
 
-# %% ../../nbs/62_sandbox.ipynb #606bb5e4
+# %% ../../nbs/62_sandbox.ipynb #7d63bdb4
 def _tcp(sb, bait):
     targets = [f'{bait.ip}:{bait.tcp_port}', f'127.0.0.1:{bait.tcp_port}', '1.1.1.1:80']
     before = bait.hits['tcp']
@@ -396,7 +396,7 @@ def _dotdot(sb, bait):
     wrote = bait.planted('probe-dotdot')
     return bait.token not in r.stdout and not wrote, f'read {len(out or [])}, wrote {wrote}'
 
-# %% ../../nbs/62_sandbox.ipynb #cd28c374
+# %% ../../nbs/62_sandbox.ipynb #3945fb58
 def _leftovers(mark):
     "Host processes whose command line carries `mark` (a sandbox that ended must leave none)."
     return [p for p in os.listdir('/proc') if p.isdigit() and mark in _cmdline(p)]
@@ -469,7 +469,7 @@ ESCAPES = {'tcp egress': _tcp, 'dns egress': _dns, 'write outside': _write, 'rea
            'cpu spin': _cpu, 'sleep past wall': _sleep, 'CapEff = 0': _capeff, 'NoNewPrivs = 1': _nonewprivs,
            'docker socket': _sockets, 'host uid': _host_uid}
 
-# %% ../../nbs/62_sandbox.ipynb #05678277
+# %% ../../nbs/62_sandbox.ipynb #7472b0e9
 def escape_suite(sb, names=None):
     "Run the escape attacks (all, or `names`) against sandbox `sb`; a list of dict(attack, blocked, detail)."
     alive = sb.run(['python3', '-c', 'print(6 * 7)'])
@@ -489,7 +489,7 @@ def escape_table(rows, backend='bwrap'):
     lines = [f'{r["attack"]:<16} {"blocked" if r["blocked"] else "ESCAPED":<8} {r["detail"]}' for r in rows]
     return '\n'.join(lines + [f'{backend}: {sum(r["blocked"] for r in rows)}/{len(rows)} blocked'])
 
-# %% ../../nbs/62_sandbox.ipynb #85ed4f1d
+# %% ../../nbs/62_sandbox.ipynb #e45abcb9
 def _exit_status(r):
     if r.timed_out: return 124
     return 128 - r.exit_code if r.exit_code < 0 else r.exit_code
@@ -529,7 +529,7 @@ def sandbox_main(argv=None):
     print(f'[sandbox {r.backend}] {what} ({r.wall_s:.2f} s{cut})', file=sys.stderr)
     return _exit_status(r)
 
-# %% ../../nbs/62_sandbox.ipynb #1a21f653
+# %% ../../nbs/62_sandbox.ipynb #ef6bbb66
 DOCKER_REPO = 'apex3-sandbox'
 
 def _docker_client():
@@ -594,7 +594,7 @@ def build_image(client):
         client.api.import_image_from_file(tmp.name, repository=DOCKER_REPO, tag=tag.split(':')[1])
     return client.images.get(tag)
 
-# %% ../../nbs/62_sandbox.ipynb #d52cfb9a
+# %% ../../nbs/62_sandbox.ipynb #3f31c78e
 class DockerSandbox:
     "Run commands in a hardened throwaway container; the workspace is a host folder bound at /workspace."
     backend = 'docker'
@@ -618,7 +618,7 @@ class DockerSandbox:
             tmpfs={'/tmp': 'size=64m'}, volumes={self.workdir: dict(bind='/workspace', mode='rw')},
             log_config=dict(type='none'))  # the output comes through the attached socket, cut at the byte budget
 
-# %% ../../nbs/62_sandbox.ipynb #e935ed0c
+# %% ../../nbs/62_sandbox.ipynb #413f0a5e
 def _read_frames(sock, keep, outs):
     "Demultiplex an attached container's stdout (1) and stderr (2), keeping `keep` bytes of each and reading on."
     from docker.utils.socket import frames_iter

@@ -7,12 +7,12 @@ __all__ = ['SANDBOX_UID', 'SANDBOX_PYTHON', 'log', 'ESCAPES', 'SUITE_LIMITS', 'D
            'bwrap_argv', 'Cgroups', 'BwrapSandbox', 'get_sandbox', 'HostBait', 'escape_suite', 'escape_table',
            'sandbox_main', 'image_files', 'image_tag', 'build_image', 'DockerSandbox']
 
-# %% ../../nbs/62_sandbox.ipynb #cc6f3617
-import logging, os, secrets, shutil, resource, signal, subprocess, sys, tempfile, threading, time
+# %% ../../nbs/62_sandbox.ipynb #54f80bbb
+import logging, os, secrets, shutil, resource, signal, subprocess, sys, tempfile, threading, time, weakref
 from dataclasses import dataclass
 from ..usage import UsageError, ArgParser, run_command
 
-# %% ../../nbs/62_sandbox.ipynb #76272401
+# %% ../../nbs/62_sandbox.ipynb #1bce96bb
 @dataclass
 class SandboxResult:
     "What one sandboxed command did."
@@ -27,7 +27,7 @@ class SandboxResult:
     @property
     def ok(self): return self.exit_code == 0 and not self.timed_out
 
-# %% ../../nbs/62_sandbox.ipynb #e2a4f9d5
+# %% ../../nbs/62_sandbox.ipynb #cc4f7964
 @dataclass
 class Limits:
     "Resource limits for one sandboxed command."
@@ -49,7 +49,7 @@ class Limits:
 
 def _capped(value, cap): return value if cap == resource.RLIM_INFINITY else min(value, cap)
 
-# %% ../../nbs/62_sandbox.ipynb #8d36053e
+# %% ../../nbs/62_sandbox.ipynb #5a4b9c5c
 def _drain(stream, keep, out):
     "Read `stream` to its end, keeping the first `keep` bytes in `out['data']`."
     buf = bytearray()
@@ -84,7 +84,7 @@ def _run_limited(argv, stdin, wall_s, keep, **popen):
     text = [o['data'].decode(errors='replace') for o in outs]
     return p.returncode, text[0], text[1], timed_out, any(o['cut'] for o in outs), time.monotonic() - t0
 
-# %% ../../nbs/62_sandbox.ipynb #afdb46b1
+# %% ../../nbs/62_sandbox.ipynb #ad0e5f1e
 SANDBOX_UID = 65534  # nobody: the host uid the sandbox runs as when the caller is root
 SANDBOX_PYTHON = 'python3'  # the sandbox's Python: the system's, under /usr (a venv's interpreter is not inside)
 
@@ -113,7 +113,7 @@ def bwrap_argv(workspace, ro_paths=(), bwrap='bwrap'):
             *_root_args(ro_paths), '--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp',
             '--bind', workspace, '/workspace', '--chdir', '/workspace', '--remount-ro', '/', '--']
 
-# %% ../../nbs/62_sandbox.ipynb #46e35201
+# %% ../../nbs/62_sandbox.ipynb #ca634fe5
 log = logging.getLogger(__name__)
 
 def _own_cgroup(controller, proc_cgroup='/proc/self/cgroup', root='/sys/fs/cgroup'):
@@ -160,7 +160,15 @@ class Cgroups:
 def _put(path, value):
     with open(path, 'w') as f: f.write(str(value))
 
-# %% ../../nbs/62_sandbox.ipynb #6e443149
+# %% ../../nbs/62_sandbox.ipynb #4335367a
+def _workspace(owner, workdir):
+    "(folder, close): `workdir`, or a fresh folder removed by `close()` or when `owner` is garbage-collected."
+    if workdir is not None:
+        if not os.path.isdir(workdir): raise UsageError(f'sandbox workdir {workdir} is not a folder')
+        return os.path.abspath(workdir), lambda: None
+    folder = tempfile.mkdtemp(prefix='apex3-ws-')
+    return folder, weakref.finalize(owner, shutil.rmtree, folder, ignore_errors=True)
+
 class BwrapSandbox:
     "Run commands under bubblewrap with `Limits`; the workspace persists across runs until `close()`."
     backend, _warned = 'bwrap', False
@@ -169,9 +177,7 @@ class BwrapSandbox:
         if self.bwrap is None:
             raise UsageError('sandbox backend bwrap: bubblewrap is not installed (apt-get install bubblewrap)')
         self.limits, self.ro_paths = limits or Limits(), tuple(ro_paths)
-        self._own = workdir is None
-        self.workdir = tempfile.mkdtemp(prefix='apex3-ws-') if self._own else os.path.abspath(workdir)
-        if not os.path.isdir(self.workdir): raise UsageError(f'sandbox workdir {workdir} is not a folder')
+        self.workdir, self.close = _workspace(self, workdir)
         self._as_root = os.geteuid() == 0
         if self._as_root: os.chown(self.workdir, SANDBOX_UID, SANDBOX_UID)
         probe = self.run(['true'])
@@ -212,12 +218,10 @@ class BwrapSandbox:
             os.setgid(SANDBOX_UID)
             os.setuid(SANDBOX_UID)
 
-    def close(self):
-        if self._own: shutil.rmtree(self.workdir, ignore_errors=True)
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
-# %% ../../nbs/62_sandbox.ipynb #3c7cb2e7
+# %% ../../nbs/62_sandbox.ipynb #33346de1
 def get_sandbox(backend='bwrap', memory_mb=512, pids=64, cpu_s=10, wall_s=30.0, workdir=None, timeout=None, **kw):
     "A sandbox of `backend` ('bwrap' or 'docker'); `.run(cmd, stdin, timeout)` runs one command. `timeout`: `wall_s`."
     limits = Limits(memory_mb=memory_mb, pids=pids, cpu_s=cpu_s, wall_s=timeout or wall_s)
@@ -225,10 +229,10 @@ def get_sandbox(backend='bwrap', memory_mb=512, pids=64, cpu_s=10, wall_s=30.0, 
     if backend == 'docker': return DockerSandbox(limits, workdir, **kw)
     raise UsageError(f"unknown sandbox backend {backend!r} (choose 'bwrap' or 'docker')")
 
-# %% ../../nbs/62_sandbox.ipynb #e92d1fbe
+# %% ../../nbs/62_sandbox.ipynb #ccff4514
 import json, socket, stat
 
-# %% ../../nbs/62_sandbox.ipynb #15175e1b
+# %% ../../nbs/62_sandbox.ipynb #45c25924
 def _host_ip():
     "This host's outward address (no packet is sent: a UDP connect only picks a route), or loopback."
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -271,7 +275,7 @@ class HostBait:
         self.udp.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-# %% ../../nbs/62_sandbox.ipynb #75f3c069
+# %% ../../nbs/62_sandbox.ipynb #421312f8
 _ATTACKS = dict(
 tcp="""import socket, json, sys
 won = []
@@ -352,7 +356,7 @@ def _attack(sb, name, *args, **run):
     try: return json.loads(r.stdout.strip().splitlines()[-1]), r
     except (ValueError, IndexError): return None, r
 
-# %% ../../nbs/62_sandbox.ipynb #7d63bdb4
+# %% ../../nbs/62_sandbox.ipynb #dfa5673a
 def _tcp(sb, bait):
     targets = [f'{bait.ip}:{bait.tcp_port}', f'127.0.0.1:{bait.tcp_port}', '1.1.1.1:80']
     before = bait.hits['tcp']
@@ -396,7 +400,7 @@ def _dotdot(sb, bait):
     wrote = bait.planted('probe-dotdot')
     return bait.token not in r.stdout and not wrote, f'read {len(out or [])}, wrote {wrote}'
 
-# %% ../../nbs/62_sandbox.ipynb #3945fb58
+# %% ../../nbs/62_sandbox.ipynb #9a301b81
 def _leftovers(mark):
     "Host processes whose command line carries `mark` (a sandbox that ended must leave none)."
     return [p for p in os.listdir('/proc') if p.isdigit() and mark in _cmdline(p)]
@@ -469,7 +473,7 @@ ESCAPES = {'tcp egress': _tcp, 'dns egress': _dns, 'write outside': _write, 'rea
            'cpu spin': _cpu, 'sleep past wall': _sleep, 'CapEff = 0': _capeff, 'NoNewPrivs = 1': _nonewprivs,
            'docker socket': _sockets, 'host uid': _host_uid}
 
-# %% ../../nbs/62_sandbox.ipynb #7472b0e9
+# %% ../../nbs/62_sandbox.ipynb #24007362
 def escape_suite(sb, names=None):
     "Run the escape attacks (all, or `names`) against sandbox `sb`; a list of dict(attack, blocked, detail)."
     alive = sb.run(['python3', '-c', 'print(6 * 7)'])
@@ -489,7 +493,7 @@ def escape_table(rows, backend='bwrap'):
     lines = [f'{r["attack"]:<16} {"blocked" if r["blocked"] else "ESCAPED":<8} {r["detail"]}' for r in rows]
     return '\n'.join(lines + [f'{backend}: {sum(r["blocked"] for r in rows)}/{len(rows)} blocked'])
 
-# %% ../../nbs/62_sandbox.ipynb #e45abcb9
+# %% ../../nbs/62_sandbox.ipynb #aa6b8cec
 def _exit_status(r):
     if r.timed_out: return 124
     return 128 - r.exit_code if r.exit_code < 0 else r.exit_code
@@ -529,7 +533,7 @@ def sandbox_main(argv=None):
     print(f'[sandbox {r.backend}] {what} ({r.wall_s:.2f} s{cut})', file=sys.stderr)
     return _exit_status(r)
 
-# %% ../../nbs/62_sandbox.ipynb #ef6bbb66
+# %% ../../nbs/62_sandbox.ipynb #21b9262d
 DOCKER_REPO = 'apex3-sandbox'
 
 def _docker_client():
@@ -594,16 +598,14 @@ def build_image(client):
         client.api.import_image_from_file(tmp.name, repository=DOCKER_REPO, tag=tag.split(':')[1])
     return client.images.get(tag)
 
-# %% ../../nbs/62_sandbox.ipynb #3f31c78e
+# %% ../../nbs/62_sandbox.ipynb #54d71472
 class DockerSandbox:
     "Run commands in a hardened throwaway container; the workspace is a host folder bound at /workspace."
     backend = 'docker'
     def __init__(self, limits=None, workdir=None):
         self.client, self.limits = _docker_client(), limits or Limits()
         self.image = build_image(self.client).tags[0]
-        self._own = workdir is None
-        self.workdir = tempfile.mkdtemp(prefix='apex3-ws-') if self._own else os.path.abspath(workdir)
-        if not os.path.isdir(self.workdir): raise UsageError(f'sandbox workdir {workdir} is not a folder')
+        self.workdir, self.close = _workspace(self, workdir)
         if os.geteuid() == 0: os.chown(self.workdir, SANDBOX_UID, SANDBOX_UID)
 
     def _create(self, cmd):
@@ -618,7 +620,7 @@ class DockerSandbox:
             tmpfs={'/tmp': 'size=64m'}, volumes={self.workdir: dict(bind='/workspace', mode='rw')},
             log_config=dict(type='none'))  # the output comes through the attached socket, cut at the byte budget
 
-# %% ../../nbs/62_sandbox.ipynb #413f0a5e
+# %% ../../nbs/62_sandbox.ipynb #589aa7a1
 def _read_frames(sock, keep, outs):
     "Demultiplex an attached container's stdout (1) and stderr (2), keeping `keep` bytes of each and reading on."
     from docker.utils.socket import frames_iter
@@ -660,5 +662,4 @@ def _docker_run(self, cmd, stdin=None, timeout=None):
     finally: c.remove(force=True)
 
 DockerSandbox.run = _docker_run
-DockerSandbox.close = BwrapSandbox.close
 DockerSandbox.__enter__, DockerSandbox.__exit__ = BwrapSandbox.__enter__, BwrapSandbox.__exit__

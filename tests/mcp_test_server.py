@@ -1,0 +1,43 @@
+"An MCP server for the MCP client's tests, built on the SDK's own MCPServer: stdio by default, HTTP with --port."
+import argparse, os, sys, time
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer('apex3-test-server')
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    "Add two integers."
+    return a + b
+
+@server.tool()
+def shout(text: str) -> str:
+    "Upper-case a string."
+    return text.upper()
+
+@server.tool()
+def fail(message: str) -> str:
+    "Fail with `message` (a ToolError: the one exception whose text MCPServer passes on to the client)."
+    raise ToolError(message)
+
+@server.tool()
+def crash() -> str:
+    "End the server process in the middle of a call."
+    os._exit(3)
+
+@server.tool()
+def hang(seconds: float = 3600) -> str:
+    "Sleep far longer than any client should wait."
+    time.sleep(seconds)
+    return 'woke up'
+
+if __name__ == '__main__':
+    p = argparse.ArgumentParser()
+    p.add_argument('--port', type=int)
+    p.add_argument('--mode', choices=['ok', 'garbage', 'silent'], default='ok')
+    a = p.parse_args()
+    if a.mode == 'garbage':  # a process that answers anything with noise on stdout
+        for line in sys.stdin: print('this is not JSON-RPC {{{', flush=True)
+    elif a.mode == 'silent': time.sleep(3600)  # starts, never answers the handshake
+    elif a.port: server.run(transport='streamable-http', host='127.0.0.1', port=a.port)
+    else: server.run()

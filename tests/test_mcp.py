@@ -1,0 +1,87 @@
+"The MCP client against real servers in subprocesses: the SDK's MCPServer over stdio and HTTP, and mcp-server-time."
+import contextlib, datetime as dt, io, json, shutil, socket, subprocess, sys, time
+from pathlib import Path
+from zoneinfo import ZoneInfo
+import pytest
+from apex3.usage import run_command
+from apex3.agent.mcp import GRACE_S, MCPToolError, call_main, call_tool, list_tools, mcp_tool_specs, tools_main
+
+SERVER = [sys.executable, str(Path(__file__).with_name('mcp_test_server.py'))]
+
+def within(fn, seconds, match):
+    "`fn` raises MCPToolError matching `match`, and does so within `seconds` + the grace."
+    t0 = time.monotonic()
+    with pytest.raises(MCPToolError, match=match): fn()
+    assert time.monotonic() - t0 < seconds + GRACE_S
+
+def test_stdio_tools_and_calls():
+    specs = {s['name']: s for s in mcp_tool_specs(SERVER, timeout=10)}
+    assert specs['add']['parameters']['properties']['a']['type'] == 'integer'
+    assert specs['shout']['description'] == 'Upper-case a string.'
+    assert specs['add']['call'](dict(a=7, b=8)) == str(7 + 8)
+    failed = specs['fail']['call'](dict(message='a reason'))
+    assert failed.startswith('error: MCP tool fail failed:') and failed.endswith('a reason'), failed
+
+def test_killed_server_is_one_failed_call():
+    within(lambda: call_tool('crash', {}, SERVER, timeout=5), 5, 'crash')
+    assert call_tool('shout', dict(text='again'), SERVER) == 'AGAIN'  # the next call starts a fresh server
+
+@pytest.mark.parametrize('mode', ['silent', 'garbage'])
+def test_a_server_that_never_handshakes(mode):
+    within(lambda: list_tools(SERVER + ['--mode', mode], timeout=2), 2, 'listing MCP tools')
+
+def test_hanging_call_times_out():
+    within(lambda: call_tool('hang', {}, SERVER, timeout=2), 2, 'no answer within 2 s')
+
+@pytest.fixture
+def http_url():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(SERVER + ['--port', str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(('127.0.0.1', port)) == 0: break
+        time.sleep(0.1)
+    yield f'http://127.0.0.1:{port}/mcp'
+    proc.kill()
+    proc.wait()
+
+def test_streamable_http(http_url):
+    assert 'shout' in [t['name'] for t in list_tools(url=http_url)]
+    assert call_tool('add', dict(a=-3, b=3), url=http_url) == '0'
+    within(lambda: call_tool('hang', {}, url=http_url, timeout=2), 2, 'no answer within 2 s')
+
+def test_unreachable_url():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]  # closed again: nobody listens here
+    within(lambda: list_tools(url=f'http://127.0.0.1:{port}/mcp', timeout=3), 3, 'listing MCP tools')
+
+@pytest.mark.skipif(shutil.which('mcp-server-time') is None, reason='mcp-server-time is missing (the dev extra has it)')
+def test_published_time_server_against_zoneinfo():
+    server = [shutil.which('mcp-server-time')]
+    assert {'get_current_time', 'convert_time'} == {t['name'] for t in list_tools(server)}
+    out = json.loads(call_tool('convert_time', dict(source_timezone='America/New_York', time='09:30',
+                                                    target_timezone='Asia/Kolkata'), server))
+    ny = ZoneInfo('America/New_York')
+    start = dt.datetime.combine(dt.datetime.now(ny).date(), dt.time(9, 30), ny)
+    assert out['target']['datetime'][:16] == start.astimezone(ZoneInfo('Asia/Kolkata')).isoformat()[:16]
+    with pytest.raises(MCPToolError, match='convert_time'):
+        call_tool('convert_time', dict(source_timezone='Not/AZone', time='09:30', target_timezone='UTC'), server)
+
+def _cli(fn, *argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): rc = run_command('agent', fn, list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+def test_cli():
+    cmd = ' '.join(SERVER)
+    rc, out, err = _cli(tools_main, '--mcp', cmd)
+    assert rc == 0 and [t['name'] for t in json.loads(out)][:2] == ['add', 'shout']
+    assert _cli(call_main, '--mcp', cmd, 'shout', '{"text": "hi"}')[:2] == (0, 'HI\n')
+    for bad in [(tools_main, '--mcp', 'no-such-mcp-server'), (call_main, '--mcp', cmd, 'add', 'not json'),
+                (tools_main, '--mcp', cmd, '--mcp-url', 'http://127.0.0.1:1/mcp'), (call_main, '--mcp', cmd)]:
+        rc, out, err = _cli(*bad)
+        assert rc == 2 and len(err.strip().splitlines()) == 1, (bad, err)

@@ -4,19 +4,20 @@
 
 # %% auto #0
 __all__ = ['log', 'E4M3', 'E4M3_MAX', 'BACKWARDS', 'PAD', 'C_EXPERTS', 'FP8_VARIANTS', 'RECORDS', 'warn_once', 'quantize_rows',
-           'group_ids', 'quantize_group_cols', 'rowwise_fp8', 'scaled_grouped_mm_ref', 'scaled_grouped_mm',
-           'grouped_mm', 'padded_rows', 'wgrad_fp8', 'quantized_weights', 'fp8_experts', 'FP8Experts', 'fp8_experts_ok',
-           'convert_experts', 'bench_inputs', 'bench_fp8_experts', 'plot_fp8_records']
+           'group_ids', 'quantize_group_cols', 'triton_or_torch', 'rowwise_fp8', 'scaled_grouped_mm_ref',
+           'scaled_grouped_mm', 'grouped_mm', 'padded_rows', 'wgrad_fp8', 'quantized_weights', 'swiglu_grad_ref',
+           'swiglu_grad', 'fp8_experts', 'FP8Experts', 'fp8_experts_ok', 'convert_experts', 'bench_inputs',
+           'bench_fp8_experts', 'plot_fp8_records']
 
-# %% ../nbs/16_fp8_experts.ipynb #e532b215
-import functools, logging
+# %% ../nbs/16_fp8_experts.ipynb #68bff941
+import functools, logging, os
 import torch
 from .model import Experts, scaled_swiglu
 from .records import append_records, attempt, latest_run, load_records, time_fn
 try: import triton, triton.language as tl
 except ImportError: triton = tl = None   # the casts fall back to PyTorch
 
-# %% ../nbs/16_fp8_experts.ipynb #624481e0
+# %% ../nbs/16_fp8_experts.ipynb #b7e54ffd
 log = logging.getLogger(__name__)
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max   # 448
@@ -30,7 +31,7 @@ def quantize_rows(t, dim=-1):
     scale = t.abs().amax(dim, keepdim=True).float().clamp_min(1e-12) / E4M3_MAX
     return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale.squeeze(dim)
 
-# %% ../nbs/16_fp8_experts.ipynb #b67a4deb
+# %% ../nbs/16_fp8_experts.ipynb #506855d6
 def group_ids(offs, n):
     "The group of each of `n` rows, for groups ending at `offs` (no host sync)."
     return torch.searchsorted(offs, torch.arange(n, device=offs.device, dtype=offs.dtype), right=True)
@@ -43,7 +44,7 @@ def quantize_group_cols(t, offs):
     scale = amax.float().clamp_min(1e-12) / E4M3_MAX
     return (t.float() / scale[gid]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale.flatten()
 
-# %% ../nbs/16_fp8_experts.ipynb #5de9bbde
+# %% ../nbs/16_fp8_experts.ipynb #a6f937be
 if triton is not None:
     @triton.jit
     def _rowwise_kernel(x_ptr, gate_ptr, q_ptr, s_ptr, M, K, stride_x, SWIGLU: tl.constexpr, GATED: tl.constexpr,
@@ -61,6 +62,7 @@ if triton is not None:
         tl.store(s_ptr + rows, scale, mask=rows < M)
 
 def _rowwise_triton(t, swiglu, gate):
+    t = t.contiguous()
     M, K = t.shape[0], t.shape[1] // 2 if swiglu else t.shape[1]
     q, s = torch.empty(M, K, device=t.device, dtype=E4M3), torch.empty(M, device=t.device)
     block = triton.next_power_of_2(K)
@@ -69,18 +71,24 @@ def _rowwise_triton(t, swiglu, gate):
                                                    t.stride(0), swiglu, gate is not None, rows, block)
     return q, s
 
+def _rowwise_torch(t, swiglu, gate): return quantize_rows(scaled_swiglu(t, gate) if swiglu else t)
+
 _TRITON_OK = [True]
+
+def triton_or_torch(kernel, torch_fn, t, *args):
+    "`kernel(t, *args)` (Triton) for CUDA tensors while Triton works here, else `torch_fn(t, *args)` (said once)."
+    if t.is_cuda and triton is not None and _TRITON_OK[0]:
+        try: return kernel(t, *args)
+        except Exception as e:                         # a Triton that cannot build the kernel: the casts still work
+            _TRITON_OK[0] = False
+            warn_once(f'FP8 experts: Triton kernel unavailable ({type(e).__name__}: {str(e)[:200]}), using PyTorch')
+    return torch_fn(t, *args)
 
 def rowwise_fp8(t, swiglu=False, gate=None):
     "`quantize_rows(t)`, or of `scaled_swiglu(t, gate)` when `swiglu`: one Triton kernel on CUDA, PyTorch elsewhere."
-    if t.is_cuda and triton is not None and _TRITON_OK[0]:
-        try: return _rowwise_triton(t.contiguous(), swiglu, gate)
-        except Exception as e:                         # a Triton that cannot build the kernel: the casts still work
-            _TRITON_OK[0] = False
-            warn_once(f'FP8 cast kernel unavailable ({type(e).__name__}: {str(e)[:200]}): casting with PyTorch')
-    return quantize_rows(scaled_swiglu(t, gate) if swiglu else t)
+    return triton_or_torch(_rowwise_triton, _rowwise_torch, t, swiglu, gate)
 
-# %% ../nbs/16_fp8_experts.ipynb #327b63b0
+# %% ../nbs/16_fp8_experts.ipynb #c2150ca8
 def _bounds(offs):
     ends = offs.tolist()
     return list(zip([0] + ends[:-1], ends))
@@ -111,7 +119,7 @@ def grouped_mm(a, b, offs):
     if b.dim() == 3: return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(_bounds(offs))]).to(dt)
     return torch.stack([a[:, s:e] @ b[s:e] for s, e in _bounds(offs)]).to(dt)
 
-# %% ../nbs/16_fp8_experts.ipynb #3e70600b
+# %% ../nbs/16_fp8_experts.ipynb #96701b66
 PAD = 16   # the 2D x 2D FP8 grouped GEMM needs each group's contraction length a multiple of 16 bytes
 
 def padded_rows(offs, n):
@@ -135,7 +143,7 @@ def wgrad_fp8(g, t, offs, fast_accum=False):
     width = g.shape[0] + PAD * offs.numel()
     return scaled_grouped_mm(_spread(gq, dest, width), _spread(tq, dest, width).t(), gs, ts, pad_offs, fast_accum)
 
-# %% ../nbs/16_fp8_experts.ipynb #a0c49daf
+# %% ../nbs/16_fp8_experts.ipynb #8bc8db55
 def _quantized(w):
     "A stacked weight [E, N, K] quantised for the forward (scales over K) and for the data gradient (scales over N)."
     return dict(fwd=quantize_rows(w, -1), bwd=quantize_rows(w.mT.contiguous(), -1))
@@ -151,7 +159,61 @@ def quantized_weights(experts):
         experts.__dict__['_fp8_weights'] = hit
     return hit[1]
 
-# %% ../nbs/16_fp8_experts.ipynb #63750071
+# %% ../nbs/16_fp8_experts.ipynb #e4834ab7
+def swiglu_grad_ref(h, gate, da):
+    "(∂h, a, ∂gate) of `a = scaled_swiglu(h, gate)` for the gradient `da` of `a`, through autograd."
+    with torch.enable_grad():
+        hh, gg = h.detach().requires_grad_(), None if gate is None else gate.detach().requires_grad_()
+        a = scaled_swiglu(hh, gg)
+    dh, *dgate = torch.autograd.grad(a, [hh] + ([gg] if gg is not None else []), da)
+    return dh, a.detach(), (dgate[0] if dgate else None)
+
+if triton is not None:
+    @triton.jit
+    def _add(a, b): return a + b
+
+@functools.cache
+def _swiglu_grad_kernel(interpret):
+    "The fused SwiGLU backward, for the GPU or for Triton's CPU interpreter (which `triton.jit` picks when it runs)."
+    @triton.jit
+    def kernel(h_ptr, gate_ptr, da_ptr, dh_ptr, a_ptr, dgate_ptr, M, F, GATED: tl.constexpr, ROWS: tl.constexpr,
+               BLOCK_F: tl.constexpr):
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_F)
+        mask = (rows[:, None] < M) & (cols[None, :] < F)
+        hp = rows[:, None].to(tl.int64) * 2 * F + cols[None, :]
+        ap = rows[:, None].to(tl.int64) * F + cols[None, :]
+        g = tl.load(h_ptr + hp, mask=mask, other=0.).to(tl.float32)
+        u = tl.load(h_ptr + hp + F, mask=mask, other=0.).to(tl.float32)
+        da = tl.load(da_ptr + ap, mask=mask, other=0.).to(tl.float32)
+        sig = 1 / (1 + tl.exp(-g))
+        a = g * sig * u
+        if GATED:
+            s = tl.load(gate_ptr + rows, mask=rows < M, other=0.)[:, None]
+            tl.store(dgate_ptr + rows, tl.reduce(da * a, 1, _add), mask=rows < M)
+            a, da = a * s, da * s
+        tl.store(dh_ptr + hp, (da * u * sig * (1 + g * (1 - sig))).to(dh_ptr.dtype.element_ty), mask=mask)
+        tl.store(dh_ptr + hp + F, (da * g * sig).to(dh_ptr.dtype.element_ty), mask=mask)
+        tl.store(a_ptr + ap, a.to(a_ptr.dtype.element_ty), mask=mask)
+    return kernel
+
+def _swiglu_grad_triton(h, gate, da):
+    h, da = h.contiguous(), da.contiguous()
+    M, F = h.shape[0], h.shape[1] // 2
+    dh, a = torch.empty_like(h), torch.empty(M, F, device=h.device, dtype=h.dtype)
+    dgate = torch.empty(M, device=h.device)
+    block = triton.next_power_of_2(F)
+    rows = max(1, 4096 // block)
+    interpret = os.environ.get('TRITON_INTERPRET', '0') == '1'
+    if M: _swiglu_grad_kernel(interpret)[(triton.cdiv(M, rows),)](
+        h, dgate if gate is None else gate.float().contiguous(), da, dh, a, dgate, M, F, gate is not None, rows, block)
+    return dh, a, None if gate is None else dgate.to(gate.dtype)
+
+def swiglu_grad(h, gate, da):
+    "`swiglu_grad_ref(h, gate, da)` as one Triton kernel on CUDA, through autograd elsewhere."
+    return triton_or_torch(_swiglu_grad_triton, swiglu_grad_ref, h, gate, da)
+
+# %% ../nbs/16_fp8_experts.ipynb #3b34633b
 def _mm(t, w, offs, fast_accum=False):
     "Rows of `t` [M, K] grouped by `offs` times each group's cached weight (q [E, N, K], scale [E, N]) transposed."
     tq, ts = rowwise_fp8(t)
@@ -173,18 +235,15 @@ class _FP8Experts(torch.autograd.Function):
     def backward(ctx, dy):
         x, rows, gate, offs, h, w1, w2 = ctx.saved_tensors
         qw, mode, dy = ctx.qw, ctx.mode, dy.contiguous()
-        with torch.enable_grad():
-            hh, gg = h.detach().requires_grad_(), None if gate is None else gate.detach().requires_grad_()
-            a = scaled_swiglu(hh, gg)
         bf = lambda w: w.to(dy.dtype)
         da = grouped_mm(dy, bf(w2), offs) if mode == 'bf16' else _mm(dy, qw[1]['bwd'], offs)
-        dh, *dgate = torch.autograd.grad(a, [hh] + ([gg] if gg is not None else []), da)
+        dh, a, dgate = swiglu_grad(h, gate, da)    # `a` recomputed: cheaper than keeping it
         dxg = (grouped_mm(dh, bf(w1), offs) if mode == 'bf16' else _mm(dh, qw[0]['bwd'], offs)).to(x.dtype)
         dx = dxg if rows is None else torch.zeros_like(x).index_add_(0, rows, dxg)
-        a, xg = a.detach(), (x if rows is None else x[rows]).to(dy.dtype)
+        xg = (x if rows is None else x[rows]).to(dy.dtype)
         if mode == 'fp8': dw1, dw2 = wgrad_fp8(dh, xg, offs), wgrad_fp8(dy, a, offs)
         else: dw1, dw2 = grouped_mm(dh.t(), xg, offs), grouped_mm(dy.t(), a, offs)
-        return dx, None, (dgate[0] if dgate else None), None, dw1, dw2, None, None, None
+        return dx, None, dgate, None, dw1, dw2, None, None, None
 
 def fp8_experts(experts, x, counts, gate=None, rows=None, mode='mixed', fast_accum=True):
     "The routed experts' outputs for `x[rows]` (as `Experts.forward`) with FP8 grouped GEMMs; `mode`: the backward's."
@@ -193,7 +252,7 @@ def fp8_experts(experts, x, counts, gate=None, rows=None, mode='mixed', fast_acc
     return _FP8Experts.apply(x, rows, gate, offs, experts.w_gate_up, experts.w_down, quantized_weights(experts),
                              mode, fast_accum)
 
-# %% ../nbs/16_fp8_experts.ipynb #d6ec2012
+# %% ../nbs/16_fp8_experts.ipynb #d89dae29
 class FP8Experts(Experts):
     "`Experts` whose grouped GEMMs run in FP8 (`torch._scaled_grouped_mm`); same parameters, same state dict."
     fp8_backward, fp8_fast_accum = 'mixed', True
@@ -216,7 +275,7 @@ def convert_experts(model, backward='mixed', fast_accum=True):
             names.append(name)
     return names
 
-# %% ../nbs/16_fp8_experts.ipynb #f11146ff
+# %% ../nbs/16_fp8_experts.ipynb #311c9736
 C_EXPERTS = dict(rows=196_608, experts=64, hidden=2560, ffn=1280, top_k=4)
 FP8_VARIANTS = (('mixed', True), ('mixed', False), ('bf16', True), ('fp8', True))   # (backward, fast accumulation)
 RECORDS = 'fp8_experts.jsonl'   # under records/
@@ -265,7 +324,7 @@ def bench_fp8_experts(rows=C_EXPERTS['rows'], experts=C_EXPERTS['experts'], hidd
     append_records(recs, path)
     return recs
 
-# %% ../nbs/16_fp8_experts.ipynb #04a9b4ff
+# %% ../nbs/16_fp8_experts.ipynb #1bdb23d9
 def plot_fp8_records(path=RECORDS):
     "Bar chart of the latest FP8-experts benchmark run in `path` (milliseconds per variant); None without records."
     recs = [r for r in latest_run(load_records(path, 'fp8_experts')) if r.get('status') == 'ok']

@@ -374,6 +374,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'apex3.fp8_experts.swiglu_grad_ref': ('fp8_experts.html#swiglu_grad_ref', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.triton_or_torch': ('fp8_experts.html#triton_or_torch', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.warn_once': ('fp8_experts.html#warn_once', 'apex3/fp8_experts.py'),
+                                   'apex3.fp8_experts.weights_stepped': ('fp8_experts.html#weights_stepped', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.wgrad_fp8': ('fp8_experts.html#wgrad_fp8', 'apex3/fp8_experts.py')},
             'apex3.kernels': { 'apex3.kernels.FusedLinearCE': ('kernels.html#fusedlinearce', 'apex3/kernels.py'),
                                'apex3.kernels.FusedLinearCE.backward': ('kernels.html#fusedlinearce.backward', 'apex3/kernels.py'),

@@ -188,7 +188,9 @@ def micro_step(run, tokens):
     return loss.detach()
 
 def optimizer_step(run):
+    from apex3.fp8_experts import weights_stepped
     run.opt.step(); run.opt.zero_grad(set_to_none=True); run.z_parts.clear()
+    weights_stepped()   # the offload optimizer writes weights through `.data`: FP8 experts recast them
     return run.model.update_router_biases()
 
 def random_tokens(cfg, micro_bs, gen, device):

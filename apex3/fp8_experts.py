@@ -5,19 +5,20 @@
 # %% auto #0
 __all__ = ['log', 'E4M3', 'E4M3_MAX', 'BACKWARDS', 'PAD', 'C_EXPERTS', 'FP8_VARIANTS', 'RECORDS', 'warn_once', 'quantize_rows',
            'group_ids', 'quantize_group_cols', 'triton_or_torch', 'rowwise_fp8', 'scaled_grouped_mm_ref',
-           'scaled_grouped_mm', 'grouped_mm', 'padded_rows', 'wgrad_fp8', 'quantized_weights', 'swiglu_grad_ref',
-           'swiglu_grad', 'fp8_experts', 'FP8Experts', 'fp8_experts_ok', 'convert_experts', 'bench_inputs',
-           'bench_fp8_experts', 'plot_fp8_records']
+           'scaled_grouped_mm', 'grouped_mm', 'padded_rows', 'wgrad_fp8', 'weights_stepped', 'quantized_weights',
+           'swiglu_grad_ref', 'swiglu_grad', 'fp8_experts', 'FP8Experts', 'fp8_experts_ok', 'convert_experts',
+           'bench_inputs', 'bench_fp8_experts', 'plot_fp8_records']
 
-# %% ../nbs/16_fp8_experts.ipynb #68bff941
+# %% ../nbs/16_fp8_experts.ipynb #437b22c6
 import functools, logging, os
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from .model import Experts, scaled_swiglu
 from .records import append_records, attempt, latest_run, load_records, time_fn
 try: import triton, triton.language as tl
 except ImportError: triton = tl = None   # the casts fall back to PyTorch
 
-# %% ../nbs/16_fp8_experts.ipynb #b7e54ffd
+# %% ../nbs/16_fp8_experts.ipynb #ec6ddb53
 log = logging.getLogger(__name__)
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max   # 448
@@ -31,7 +32,7 @@ def quantize_rows(t, dim=-1):
     scale = t.abs().amax(dim, keepdim=True).float().clamp_min(1e-12) / E4M3_MAX
     return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale.squeeze(dim)
 
-# %% ../nbs/16_fp8_experts.ipynb #506855d6
+# %% ../nbs/16_fp8_experts.ipynb #1aa723a2
 def group_ids(offs, n):
     "The group of each of `n` rows, for groups ending at `offs` (no host sync)."
     return torch.searchsorted(offs, torch.arange(n, device=offs.device, dtype=offs.dtype), right=True)
@@ -44,7 +45,7 @@ def quantize_group_cols(t, offs):
     scale = amax.float().clamp_min(1e-12) / E4M3_MAX
     return (t.float() / scale[gid]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale.flatten()
 
-# %% ../nbs/16_fp8_experts.ipynb #a6f937be
+# %% ../nbs/16_fp8_experts.ipynb #e05b6fe2
 if triton is not None:
     @triton.jit
     def _rowwise_kernel(x_ptr, gate_ptr, q_ptr, s_ptr, M, K, stride_x, SWIGLU: tl.constexpr, GATED: tl.constexpr,
@@ -88,7 +89,7 @@ def rowwise_fp8(t, swiglu=False, gate=None):
     "`quantize_rows(t)`, or of `scaled_swiglu(t, gate)` when `swiglu`: one Triton kernel on CUDA, PyTorch elsewhere."
     return triton_or_torch(_rowwise_triton, _rowwise_torch, t, swiglu, gate)
 
-# %% ../nbs/16_fp8_experts.ipynb #c2150ca8
+# %% ../nbs/16_fp8_experts.ipynb #6612f70a
 def _bounds(offs):
     ends = offs.tolist()
     return list(zip([0] + ends[:-1], ends))
@@ -119,7 +120,7 @@ def grouped_mm(a, b, offs):
     if b.dim() == 3: return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(_bounds(offs))]).to(dt)
     return torch.stack([a[:, s:e] @ b[s:e] for s, e in _bounds(offs)]).to(dt)
 
-# %% ../nbs/16_fp8_experts.ipynb #96701b66
+# %% ../nbs/16_fp8_experts.ipynb #7418692e
 PAD = 16   # the 2D x 2D FP8 grouped GEMM needs each group's contraction length a multiple of 16 bytes
 
 def padded_rows(offs, n):
@@ -143,23 +144,31 @@ def wgrad_fp8(g, t, offs, fast_accum=False):
     width = g.shape[0] + PAD * offs.numel()
     return scaled_grouped_mm(_spread(gq, dest, width), _spread(tq, dest, width).t(), gs, ts, pad_offs, fast_accum)
 
-# %% ../nbs/16_fp8_experts.ipynb #8bc8db55
+# %% ../nbs/16_fp8_experts.ipynb #6bd98531
 def _quantized(w):
     "A stacked weight [E, N, K] quantised for the forward (scales over K) and for the data gradient (scales over N)."
     return dict(fwd=quantize_rows(w, -1), bwd=quantize_rows(w.mT.contiguous(), -1))
 
+_STEPS = [0]
+
+def weights_stepped():
+    "Say that an optimizer step changed the weights (for updates that bump no parameter's version, as through `.data`)."
+    _STEPS[0] += 1
+
+register_optimizer_step_post_hook(lambda opt, args, kwargs: weights_stepped())   # every torch.optim step
+
 def quantized_weights(experts):
-    """The e4m3 expert weights with their scales, for the forward and the backward's data gradients: quantised when a
-    weight's version changes (the optimizer step), reused by every micro-batch and recomputation in between."""
+    """The e4m3 expert weights with their scales, for the forward and the backward's data gradients: quantised again
+    after an optimizer step or an in-place change, reused by every micro-batch and recomputation in between."""
     ps = (experts.w_gate_up, experts.w_down)
-    key = tuple((id(p), p.data_ptr(), p._version) for p in ps)
+    key = (_STEPS[0],) + tuple((id(p), p.data_ptr(), p._version) for p in ps)
     hit = experts.__dict__.get('_fp8_weights')
     if hit is None or hit[0] != key:
         with torch.no_grad(): hit = key, [_quantized(p.detach()) for p in ps]
         experts.__dict__['_fp8_weights'] = hit
     return hit[1]
 
-# %% ../nbs/16_fp8_experts.ipynb #e4834ab7
+# %% ../nbs/16_fp8_experts.ipynb #e1b40b3f
 def swiglu_grad_ref(h, gate, da):
     "(∂h, a, ∂gate) of `a = scaled_swiglu(h, gate)` for the gradient `da` of `a`, through autograd."
     with torch.enable_grad():
@@ -213,7 +222,7 @@ def swiglu_grad(h, gate, da):
     "`swiglu_grad_ref(h, gate, da)` as one Triton kernel on CUDA, through autograd elsewhere."
     return triton_or_torch(_swiglu_grad_triton, swiglu_grad_ref, h, gate, da)
 
-# %% ../nbs/16_fp8_experts.ipynb #3b34633b
+# %% ../nbs/16_fp8_experts.ipynb #d6676c8d
 def _mm(t, w, offs, fast_accum=False):
     "Rows of `t` [M, K] grouped by `offs` times each group's cached weight (q [E, N, K], scale [E, N]) transposed."
     tq, ts = rowwise_fp8(t)
@@ -252,7 +261,7 @@ def fp8_experts(experts, x, counts, gate=None, rows=None, mode='mixed', fast_acc
     return _FP8Experts.apply(x, rows, gate, offs, experts.w_gate_up, experts.w_down, quantized_weights(experts),
                              mode, fast_accum)
 
-# %% ../nbs/16_fp8_experts.ipynb #d89dae29
+# %% ../nbs/16_fp8_experts.ipynb #954be08f
 class FP8Experts(Experts):
     "`Experts` whose grouped GEMMs run in FP8 (`torch._scaled_grouped_mm`); same parameters, same state dict."
     fp8_backward, fp8_fast_accum = 'mixed', True
@@ -275,7 +284,7 @@ def convert_experts(model, backward='mixed', fast_accum=True):
             names.append(name)
     return names
 
-# %% ../nbs/16_fp8_experts.ipynb #311c9736
+# %% ../nbs/16_fp8_experts.ipynb #19ce015e
 C_EXPERTS = dict(rows=196_608, experts=64, hidden=2560, ffn=1280, top_k=4)
 FP8_VARIANTS = (('mixed', True), ('mixed', False), ('bf16', True), ('fp8', True))   # (backward, fast accumulation)
 RECORDS = 'fp8_experts.jsonl'   # under records/
@@ -324,7 +333,7 @@ def bench_fp8_experts(rows=C_EXPERTS['rows'], experts=C_EXPERTS['experts'], hidd
     append_records(recs, path)
     return recs
 
-# %% ../nbs/16_fp8_experts.ipynb #1bdb23d9
+# %% ../nbs/16_fp8_experts.ipynb #3d4750b1
 def plot_fp8_records(path=RECORDS):
     "Bar chart of the latest FP8-experts benchmark run in `path` (milliseconds per variant); None without records."
     recs = [r for r in latest_run(load_records(path, 'fp8_experts')) if r.get('status') == 'ok']

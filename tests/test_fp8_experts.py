@@ -69,3 +69,32 @@ def test_emulation_warns_once():
     assert r.returncode == 0, r.stderr
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert lines == ['FP8 grouped GEMM emulated (dequantise + fp32 matmul): no CUDA device'], lines
+
+
+def test_offload_step_recasts_the_weights():
+    """The host-offload optimizer writes the new weights through `.data` (no version bump, no torch.optim hook), so the
+    FP8 cache would serve the old weights; the benchmark's and trainer's `optimizer_step` announces the step."""
+    from types import SimpleNamespace
+    from apex3.bench import optimizer_step
+    from apex3.offload import OffloadOptimizer, PinnedPool
+    from apex3.fp8_experts import quantized_weights, weights_stepped
+    torch.manual_seed(0)
+    model = Transformer(get_config('tiny'))
+    convert_experts(model)
+    opt = OffloadOptimizer(model, pool=PinnedPool(2**26, pin=False))
+    ex = model.layers[0].moe.experts
+    tok = torch.randint(0, 256, (2, 33))
+    model(tok[:, :-1], tok[:, 1:]).backward()
+    before, w_before = quantized_weights(ex), ex.w_gate_up.detach().clone()
+    optimizer_step(SimpleNamespace(opt=opt, z_parts=[], model=model))
+    assert not torch.equal(ex.w_gate_up.detach(), w_before)           # the step did change the weights
+    after = quantized_weights(ex)
+    assert after is not before
+    q, s = after[0]['fwd']
+    w = ex.w_gate_up.detach().float()
+    torch.testing.assert_close(q.float() * s[..., None], w, atol=w.abs().max().item() / 16, rtol=0)
+    model(tok[:, :-1], tok[:, 1:]).backward()
+    opt.step()                                                         # the same step, not announced: stale
+    assert quantized_weights(ex) is after
+    weights_stepped()
+    assert quantized_weights(ex) is not after

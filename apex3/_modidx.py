@@ -346,6 +346,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'apex3.fp8_experts._experts_step': ('fp8_experts.html#_experts_step', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts._mm': ('fp8_experts.html#_mm', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts._quantized': ('fp8_experts.html#_quantized', 'apex3/fp8_experts.py'),
+                                   'apex3.fp8_experts._rows_3d': ('fp8_experts.html#_rows_3d', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts._rowwise_torch': ('fp8_experts.html#_rowwise_torch', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts._rowwise_triton': ('fp8_experts.html#_rowwise_triton', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts._spread': ('fp8_experts.html#_spread', 'apex3/fp8_experts.py'),

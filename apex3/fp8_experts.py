@@ -9,7 +9,7 @@ __all__ = ['log', 'E4M3', 'E4M3_MAX', 'BACKWARDS', 'PAD', 'C_EXPERTS', 'FP8_VARI
            'swiglu_grad_ref', 'swiglu_grad', 'fp8_experts', 'FP8Experts', 'fp8_experts_ok', 'convert_experts',
            'bench_inputs', 'bench_fp8_experts', 'plot_fp8_records']
 
-# %% ../nbs/16_fp8_experts.ipynb #437b22c6
+# %% ../nbs/16_fp8_experts.ipynb #1a025a48
 import functools, logging, os
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -18,7 +18,7 @@ from .records import append_records, attempt, latest_run, load_records, time_fn
 try: import triton, triton.language as tl
 except ImportError: triton = tl = None   # the casts fall back to PyTorch
 
-# %% ../nbs/16_fp8_experts.ipynb #ec6ddb53
+# %% ../nbs/16_fp8_experts.ipynb #41e1637b
 log = logging.getLogger(__name__)
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max   # 448
@@ -32,7 +32,7 @@ def quantize_rows(t, dim=-1):
     scale = t.abs().amax(dim, keepdim=True).float().clamp_min(1e-12) / E4M3_MAX
     return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale.squeeze(dim)
 
-# %% ../nbs/16_fp8_experts.ipynb #1aa723a2
+# %% ../nbs/16_fp8_experts.ipynb #4a12aa87
 def group_ids(offs, n):
     "The group of each of `n` rows, for groups ending at `offs` (no host sync)."
     return torch.searchsorted(offs, torch.arange(n, device=offs.device, dtype=offs.dtype), right=True)
@@ -45,7 +45,7 @@ def quantize_group_cols(t, offs):
     scale = amax.float().clamp_min(1e-12) / E4M3_MAX
     return (t.float() / scale[gid]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale.flatten()
 
-# %% ../nbs/16_fp8_experts.ipynb #e05b6fe2
+# %% ../nbs/16_fp8_experts.ipynb #a31b7cfb
 if triton is not None:
     @triton.jit
     def _rowwise_kernel(x_ptr, gate_ptr, q_ptr, s_ptr, M, K, stride_x, SWIGLU: tl.constexpr, GATED: tl.constexpr,
@@ -89,7 +89,7 @@ def rowwise_fp8(t, swiglu=False, gate=None):
     "`quantize_rows(t)`, or of `scaled_swiglu(t, gate)` when `swiglu`: one Triton kernel on CUDA, PyTorch elsewhere."
     return triton_or_torch(_rowwise_triton, _rowwise_torch, t, swiglu, gate)
 
-# %% ../nbs/16_fp8_experts.ipynb #6612f70a
+# %% ../nbs/16_fp8_experts.ipynb #a432149a
 def _bounds(offs):
     ends = offs.tolist()
     return list(zip([0] + ends[:-1], ends))
@@ -120,7 +120,7 @@ def grouped_mm(a, b, offs):
     if b.dim() == 3: return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(_bounds(offs))]).to(dt)
     return torch.stack([a[:, s:e] @ b[s:e] for s, e in _bounds(offs)]).to(dt)
 
-# %% ../nbs/16_fp8_experts.ipynb #7418692e
+# %% ../nbs/16_fp8_experts.ipynb #e3206ca0
 PAD = 16   # the 2D x 2D FP8 grouped GEMM needs each group's contraction length a multiple of 16 bytes
 
 def padded_rows(offs, n):
@@ -144,10 +144,15 @@ def wgrad_fp8(g, t, offs, fast_accum=False):
     width = g.shape[0] + PAD * offs.numel()
     return scaled_grouped_mm(_spread(gq, dest, width), _spread(tq, dest, width).t(), gs, ts, pad_offs, fast_accum)
 
-# %% ../nbs/16_fp8_experts.ipynb #6bd98531
+# %% ../nbs/16_fp8_experts.ipynb #b1a657a6
+def _rows_3d(w):
+    "`rowwise_fp8` of a stacked [E, N, K]: (q [E, N, K], scale [E, N])."
+    q, s = rowwise_fp8(w.reshape(-1, w.shape[-1]))
+    return q.view(w.shape), s.view(w.shape[:-1])
+
 def _quantized(w):
     "A stacked weight [E, N, K] quantised for the forward (scales over K) and for the data gradient (scales over N)."
-    return dict(fwd=quantize_rows(w, -1), bwd=quantize_rows(w.mT.contiguous(), -1))
+    return dict(fwd=_rows_3d(w), bwd=_rows_3d(w.mT.contiguous()))
 
 _STEPS = [0]
 
@@ -168,7 +173,7 @@ def quantized_weights(experts):
         experts.__dict__['_fp8_weights'] = hit
     return hit[1]
 
-# %% ../nbs/16_fp8_experts.ipynb #e1b40b3f
+# %% ../nbs/16_fp8_experts.ipynb #6af13254
 def swiglu_grad_ref(h, gate, da):
     "(∂h, a, ∂gate) of `a = scaled_swiglu(h, gate)` for the gradient `da` of `a`, through autograd."
     with torch.enable_grad():
@@ -222,7 +227,7 @@ def swiglu_grad(h, gate, da):
     "`swiglu_grad_ref(h, gate, da)` as one Triton kernel on CUDA, through autograd elsewhere."
     return triton_or_torch(_swiglu_grad_triton, swiglu_grad_ref, h, gate, da)
 
-# %% ../nbs/16_fp8_experts.ipynb #d6676c8d
+# %% ../nbs/16_fp8_experts.ipynb #a1128365
 def _mm(t, w, offs, fast_accum=False):
     "Rows of `t` [M, K] grouped by `offs` times each group's cached weight (q [E, N, K], scale [E, N]) transposed."
     tq, ts = rowwise_fp8(t)
@@ -261,7 +266,7 @@ def fp8_experts(experts, x, counts, gate=None, rows=None, mode='mixed', fast_acc
     return _FP8Experts.apply(x, rows, gate, offs, experts.w_gate_up, experts.w_down, quantized_weights(experts),
                              mode, fast_accum)
 
-# %% ../nbs/16_fp8_experts.ipynb #954be08f
+# %% ../nbs/16_fp8_experts.ipynb #e58108ae
 class FP8Experts(Experts):
     "`Experts` whose grouped GEMMs run in FP8 (`torch._scaled_grouped_mm`); same parameters, same state dict."
     fp8_backward, fp8_fast_accum = 'mixed', True
@@ -284,7 +289,7 @@ def convert_experts(model, backward='mixed', fast_accum=True):
             names.append(name)
     return names
 
-# %% ../nbs/16_fp8_experts.ipynb #19ce015e
+# %% ../nbs/16_fp8_experts.ipynb #be92ce0f
 C_EXPERTS = dict(rows=196_608, experts=64, hidden=2560, ffn=1280, top_k=4)
 FP8_VARIANTS = (('mixed', True), ('mixed', False), ('bf16', True), ('fp8', True))   # (backward, fast accumulation)
 RECORDS = 'fp8_experts.jsonl'   # under records/
@@ -333,7 +338,7 @@ def bench_fp8_experts(rows=C_EXPERTS['rows'], experts=C_EXPERTS['experts'], hidd
     append_records(recs, path)
     return recs
 
-# %% ../nbs/16_fp8_experts.ipynb #3d4750b1
+# %% ../nbs/16_fp8_experts.ipynb #752df96a
 def plot_fp8_records(path=RECORDS):
     "Bar chart of the latest FP8-experts benchmark run in `path` (milliseconds per variant); None without records."
     recs = [r for r in latest_run(load_records(path, 'fp8_experts')) if r.get('status') == 'ok']

@@ -32,6 +32,8 @@ def add_run_flags(p):
     p.add_argument('--moe-chunk', type=int, help='tokens per expert chunk (0 = off)')
     p.add_argument('--precision', default='bf16', choices=['bf16', 'fp8_rowwise', 'fp8_tensorwise'])
     p.add_argument('--fp8-recipe', choices=['rowwise', 'tensorwise'], help='overrides the recipe of --precision')
+    p.add_argument('--fp8-experts', default='mixed', choices=['mixed', 'fp8', 'bf16', 'off', 'torchao'],
+                   help='with --precision fp8_*: FP8 routed experts, their backward GEMMs (off: bf16 experts)')
     p.add_argument('--ce-impl', default='triton', choices=['triton', 'torch'])
     p.add_argument('--ce-chunk', type=int, default=4096, help='tokens per cross-entropy chunk')
     p.add_argument('--recompute', default='none', choices=['none', 'selective', 'full'])
@@ -130,7 +132,8 @@ class Run:
         dtype = torch.bfloat16 if a.offload else torch.float32
         with self.device: self.model = Transformer(self.cfg).to(dtype)
         self.model.attention_backend(self.device)  # logs any fallback once, up front
-        self.precision = apply_fp8(self.model, a.precision, a.fp8_recipe, device=self.device)
+        experts = None if a.fp8_experts == 'off' else a.fp8_experts
+        self.precision = apply_fp8(self.model, a.precision, a.fp8_recipe, experts, device=self.device)
         apply_recompute(self.model, a.recompute)
         if a.compile_blocks: compile_blocks(self.model)
         self.host_setup.append(dict(phase='model', **host_memory()))
@@ -185,7 +188,9 @@ def micro_step(run, tokens):
     return loss.detach()
 
 def optimizer_step(run):
+    from apex3.fp8_experts import weights_stepped
     run.opt.step(); run.opt.zero_grad(set_to_none=True); run.z_parts.clear()
+    weights_stepped()   # the offload optimizer writes weights through `.data`: FP8 experts recast them
     return run.model.update_router_biases()
 
 def random_tokens(cfg, micro_bs, gen, device):

@@ -15,6 +15,7 @@ import contextlib, functools, logging, os, re
 import torch, torch.nn as nn, torch.nn.functional as F
 from .usage import UsageError
 from .records import GiB, append_records, attempt, latest_run, load_records, time_fn
+from .fp8_experts import convert_experts
 try: import triton, triton.language as tl
 except ImportError: triton = tl = None   # the loss falls back to PyTorch
 
@@ -248,23 +249,25 @@ def torchao_fp8():
     ok = _version_tuple(torchao.__version__) >= TORCHAO_MIN and hasattr(f8.Float8LinearConfig, 'from_recipe_name')
     return f8 if ok else None
 
-def convert_fp8(model, recipe, experts=False, emulate=False):
-    "Convert `model`'s attention/shared-expert linears (and, if `experts`, its grouped experts) to FP8 `recipe`; return the converted names."
+def convert_fp8(model, recipe, experts='mixed', emulate=False):
+    """Convert `model`'s attention/shared-expert linears to FP8 `recipe` and its routed experts to FP8 experts with
+    `experts` backward GEMMs ('mixed', 'fp8', 'bf16'; 'torchao': torchao's prototype; None: bf16); return the names."""
     import dataclasses
     f8 = torchao_fp8()
     cfg = dataclasses.replace(f8.Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
     names = [n for n, mod in model.named_modules() if fp8_linear_filter(mod, n)]
     f8.convert_to_float8_training(model, config=cfg, module_filter_fn=fp8_linear_filter)
-    if experts:
-        try:
-            from torchao.quantization import quantize_
-            from torchao.prototype.moe_training.config import Float8TrainingOpConfig
-        except ImportError:
-            warn_once("torchao has no FP8 grouped-GEMM training: experts stay in bf16")
-            return names
-        grouped = [n for n, mod in model.named_modules() if fp8_experts_filter(mod, n)]
-        quantize_(model, Float8TrainingOpConfig(), filter_fn=fp8_experts_filter)
-        names += grouped
+    if experts is None: return names
+    if experts != 'torchao': return names + convert_experts(model, experts)
+    try:
+        from torchao.quantization import quantize_
+        from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+    except ImportError:
+        warn_once("torchao has no FP8 grouped-GEMM training: experts stay in bf16")
+        return names
+    grouped = [n for n, mod in model.named_modules() if fp8_experts_filter(mod, n)]
+    quantize_(model, Float8TrainingOpConfig(), filter_fn=fp8_experts_filter)
+    names += grouped
     return names
 
 # %% ../nbs/15_kernels.ipynb #bfe26481
@@ -276,7 +279,7 @@ def fp8_unavailable(device):
         return 'it needs a CUDA GPU of compute capability 8.9 or newer'
     return None
 
-def apply_fp8(model, precision='bf16', recipe=None, experts=False, device=None):
+def apply_fp8(model, precision='bf16', recipe=None, experts='mixed', device=None):
     "Apply `--precision`/`--fp8-recipe` to `model` in place for training on `device` (default: where its parameters are); return the precision used."
     recipe = fp8_recipe(precision, recipe)
     if recipe is None: return 'bf16'

@@ -9,7 +9,7 @@ __all__ = ['log', 'COMPRESS', 'SCALE', 'local_weights', 'set_weights', 'Outer', 
            'ListTransport', 'toy_model', 'toy_worker_steps', 'make_inner', 'simulate', 'data_parallel', 'DistTransport',
            'toy_worker', 'spawn_dist_toy']
 
-# %% ../nbs/40_diloco.ipynb #4b17c056
+# %% ../nbs/40_diloco.ipynb #8857af6e
 import copy, logging, math, time
 from dataclasses import dataclass, field
 import torch, torch.distributed as dist
@@ -17,7 +17,7 @@ from .usage import UsageError
 
 log = logging.getLogger('apex3.diloco')
 
-# %% ../nbs/40_diloco.ipynb #44c09827
+# %% ../nbs/40_diloco.ipynb #cf2783d7
 def _masters(opt) -> dict:
     "`id(parameter) -> FP32 master` of an offloading optimizer (empty for an ordinary one)."
     return {id(s.p): s.master for s in getattr(opt, 'slots', ())}
@@ -43,7 +43,7 @@ def set_weights(model, opt, weights: dict):
         if id(t) in m: m[id(t)].copy_(weights[n])
         t.copy_(weights[n])
 
-# %% ../nbs/40_diloco.ipynb #152e5579
+# %% ../nbs/40_diloco.ipynb #f1a33317
 @dataclass
 class Outer:
     "The outer optimizer's settings (the paper's defaults)."
@@ -66,7 +66,7 @@ def average(deltas: list) -> dict:
     return {k: sum(d[k] for d in deltas[1:]).add(deltas[0][k]) / len(deltas) if len(deltas) > 1 else deltas[0][k].clone()
             for k in deltas[0]}
 
-# %% ../nbs/40_diloco.ipynb #f5ad42b2
+# %% ../nbs/40_diloco.ipynb #f1fa23b5
 COMPRESS = ('fp32', 'bf16', 'int8')
 SCALE = '::scale'   # the suffix of an int8 tensor's per-row scales
 
@@ -105,7 +105,7 @@ def payload_bytes(shapes: dict, how: str) -> int:
     size = {torch.float32: 4, torch.bfloat16: 2, torch.int8: 1}
     return sum(size[dt] * math.prod(s) for dt, s in expected_encoding(shapes, how).values())
 
-# %% ../nbs/40_diloco.ipynb #47941cd5
+# %% ../nbs/40_diloco.ipynb #a88e2e40
 @dataclass
 class DiLoCo:
     "The global state of a DiLoCo worker and its round: pseudo-gradient, exchange, average, outer step."
@@ -127,9 +127,29 @@ class DiLoCo:
         mean, ranks, rec = self.transport.exchange(self.round + 1, enc, tokens)
         outer_step(self.glob, self.mom, mean, self.outer)
         self.round += 1
+        if hasattr(self.transport, 'committed'): self.transport.committed(self)   # e.g. publish the new global state
         rec = dict(diloco_round=self.round, diloco_ranks=sorted(ranks),
                    diloco_payload_bytes=payload_bytes(self.shapes, self.compress), **rec, diloco_s=time.perf_counter() - t0)
         return self.glob, rec
+
+    def catch_up(self):
+        "Adopt a peer's newer global state if the transport offers one (a late join, a worker that fell behind): its record."
+        newer = getattr(self.transport, 'newer_state', None)
+        if newer is None or (got := newer(self)) is None: return None
+        state, rec = got
+        self.load_state_dict(state)
+        if hasattr(self.transport, 'committed'): self.transport.committed(self)
+        return rec
+
+    def start(self):
+        "Before the first round: catch up with a peer that is ahead (a late join), else publish the starting state."
+        rec = self.catch_up()
+        if rec is None and hasattr(self.transport, 'committed'): self.transport.committed(self)
+        return rec
+
+    def finish(self):
+        "At the end of a run: let the transport serve what peers still need (the `files` transport waits for them)."
+        if hasattr(self.transport, 'finish'): self.transport.finish(self)
 
     def state_dict(self): return dict(glob=self.glob, mom=self.mom, round=self.round)
     def load_state_dict(self, sd):
@@ -144,11 +164,11 @@ def mean_of(encs: dict, how: str) -> dict:
 
 def diloco_round(dl: DiLoCo, model, opt, tokens=0) -> dict:
     "The trainer's hook every H steps: one round from the model's weights, then the model restarts from the new global ones."
-    glob, rec = dl.step(local_weights(model, opt), tokens)
-    set_weights(model, opt, glob)
+    if (rec := dl.catch_up()) is None: _, rec = dl.step(local_weights(model, opt), tokens)
+    set_weights(model, opt, dl.glob)
     return rec
 
-# %% ../nbs/40_diloco.ipynb #0bc97682
+# %% ../nbs/40_diloco.ipynb #3d5d9f93
 class ListTransport:
     "Hands every worker's payload to the round's average inside one process (the simulation's transport)."
     def __init__(self, payloads: dict, how: str): self.payloads, self.how = payloads, how
@@ -185,7 +205,7 @@ def simulate(workers, rounds, every, outer=Outer(), compress='fp32', inner='adam
         for m, o in zip(models, opts): set_weights(m, o, glob)
     return dl.glob
 
-# %% ../nbs/40_diloco.ipynb #0a410a6d
+# %% ../nbs/40_diloco.ipynb #4d141b2a
 def data_parallel(workers, steps, lr=1e-2) -> dict:
     "Synchronous data parallel SGD on the toy problem: every step, the workers' gradients averaged."
     model = toy_model()
@@ -205,7 +225,7 @@ class _GradOnly:
     def zero_grad(self): self.model.zero_grad(set_to_none=True)
     def step(self): pass
 
-# %% ../nbs/40_diloco.ipynb #c723d8a0
+# %% ../nbs/40_diloco.ipynb #2934f13e
 def _flat(enc: dict, dtype, device) -> torch.Tensor:
     return torch.cat([v.reshape(-1).to(device) for v in enc.values() if v.dtype == dtype])
 
@@ -234,16 +254,18 @@ class DistTransport:
             mean = mean_of({r: {**q, **s} for r, (q, s) in enumerate(zip(*parts))}, 'int8')
         return mean, list(range(world)), dict(diloco_rejected={}, diloco_bytes_sent=sent, diloco_bytes_received=sent * (world - 1))
 
-# %% ../nbs/40_diloco.ipynb #d4d57f85
+# %% ../nbs/40_diloco.ipynb #5ea1d207
 def toy_worker(transport, rank, rounds, every, compress='fp32', outer=Outer(), inner='adamw', lr=1e-2, dl=None) -> DiLoCo:
     "Run worker `rank` of the toy problem for `rounds` rounds through `transport`; its `DiLoCo` state at the end."
     model = toy_model()
     opt = make_inner(model, inner, lr)
     dl = dl or DiLoCo(local_weights(model), transport, outer, compress)
+    dl.start()
     set_weights(model, opt, dl.glob)
     while dl.round < rounds:
         toy_worker_steps(model, opt, rank, dl.round * every, every)
         diloco_round(dl, model, opt)
+    dl.finish()
     return dl
 
 def _dist_toy_main(out, rounds, every, compress):
@@ -254,7 +276,7 @@ def _dist_toy_main(out, rounds, every, compress):
     finally: dist.destroy_process_group()
     save_file(dl.glob, out)
 
-# %% ../nbs/40_diloco.ipynb #861f0127
+# %% ../nbs/40_diloco.ipynb #b40da2a4
 def spawn_dist_toy(tmp, workers, rounds, every, compress='fp32', timeout=120) -> list:
     "Start `workers` gloo processes of the toy problem on loopback; their final global weights (rank order)."
     import os, socket, subprocess, sys

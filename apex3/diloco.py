@@ -9,7 +9,7 @@ __all__ = ['log', 'COMPRESS', 'SCALE', 'local_weights', 'set_weights', 'Outer', 
            'ListTransport', 'toy_model', 'toy_worker_steps', 'make_inner', 'simulate', 'data_parallel', 'DistTransport',
            'toy_worker', 'spawn_dist_toy']
 
-# %% ../nbs/40_diloco.ipynb #8857af6e
+# %% ../nbs/40_diloco.ipynb #497a8ee4
 import copy, logging, math, time
 from dataclasses import dataclass, field
 import torch, torch.distributed as dist
@@ -17,7 +17,7 @@ from .usage import UsageError
 
 log = logging.getLogger('apex3.diloco')
 
-# %% ../nbs/40_diloco.ipynb #cf2783d7
+# %% ../nbs/40_diloco.ipynb #f0474452
 def _masters(opt) -> dict:
     "`id(parameter) -> FP32 master` of an offloading optimizer (empty for an ordinary one)."
     return {id(s.p): s.master for s in getattr(opt, 'slots', ())}
@@ -43,7 +43,7 @@ def set_weights(model, opt, weights: dict):
         if id(t) in m: m[id(t)].copy_(weights[n])
         t.copy_(weights[n])
 
-# %% ../nbs/40_diloco.ipynb #f1a33317
+# %% ../nbs/40_diloco.ipynb #dfc29d44
 @dataclass
 class Outer:
     "The outer optimizer's settings (the paper's defaults)."
@@ -66,7 +66,7 @@ def average(deltas: list) -> dict:
     return {k: sum(d[k] for d in deltas[1:]).add(deltas[0][k]) / len(deltas) if len(deltas) > 1 else deltas[0][k].clone()
             for k in deltas[0]}
 
-# %% ../nbs/40_diloco.ipynb #f1fa23b5
+# %% ../nbs/40_diloco.ipynb #9432f8bb
 COMPRESS = ('fp32', 'bf16', 'int8')
 SCALE = '::scale'   # the suffix of an int8 tensor's per-row scales
 
@@ -105,7 +105,7 @@ def payload_bytes(shapes: dict, how: str) -> int:
     size = {torch.float32: 4, torch.bfloat16: 2, torch.int8: 1}
     return sum(size[dt] * math.prod(s) for dt, s in expected_encoding(shapes, how).values())
 
-# %% ../nbs/40_diloco.ipynb #a88e2e40
+# %% ../nbs/40_diloco.ipynb #f6116dcb
 @dataclass
 class DiLoCo:
     "The global state of a DiLoCo worker and its round: pseudo-gradient, exchange, average, outer step."
@@ -115,6 +115,7 @@ class DiLoCo:
     compress: str = 'fp32'
     mom: dict = None                 # name -> FP32 outer momentum
     round: int = 0                   # rounds done
+    tokens: int = 0                  # this worker's tokens at its last round (a joining worker takes them up)
     def __post_init__(self):
         if self.mom is None: self.mom = {k: torch.zeros_like(v) for k, v in self.glob.items()}
     @property
@@ -126,7 +127,7 @@ class DiLoCo:
         enc = encode(pseudo_gradient(self.glob, local), self.compress)
         mean, ranks, rec = self.transport.exchange(self.round + 1, enc, tokens)
         outer_step(self.glob, self.mom, mean, self.outer)
-        self.round += 1
+        self.round, self.tokens = self.round + 1, int(tokens)
         if hasattr(self.transport, 'committed'): self.transport.committed(self)   # e.g. publish the new global state
         rec = dict(diloco_round=self.round, diloco_ranks=sorted(ranks),
                    diloco_payload_bytes=payload_bytes(self.shapes, self.compress), **rec, diloco_s=time.perf_counter() - t0)
@@ -151,12 +152,12 @@ class DiLoCo:
         "At the end of a run: let the transport serve what peers still need (the `files` transport waits for them)."
         if hasattr(self.transport, 'finish'): self.transport.finish(self)
 
-    def state_dict(self): return dict(glob=self.glob, mom=self.mom, round=self.round)
+    def state_dict(self): return dict(glob=self.glob, mom=self.mom, round=self.round, tokens=self.tokens)
     def load_state_dict(self, sd):
         if {k: tuple(v.shape) for k, v in sd['glob'].items()} != self.shapes: raise UsageError('the DiLoCo state does not fit this model')
         self.glob = {k: v.clone().float() for k, v in sd['glob'].items()}
         self.mom = {k: v.clone().float() for k, v in sd['mom'].items()}
-        self.round = int(sd['round'])
+        self.round, self.tokens = int(sd['round']), int(sd.get('tokens', 0))
 
 def mean_of(encs: dict, how: str) -> dict:
     "The average of `{rank: encoded pseudo-gradient}`, decoded and summed in rank order."
@@ -168,7 +169,7 @@ def diloco_round(dl: DiLoCo, model, opt, tokens=0) -> dict:
     set_weights(model, opt, dl.glob)
     return rec
 
-# %% ../nbs/40_diloco.ipynb #3d5d9f93
+# %% ../nbs/40_diloco.ipynb #00997727
 class ListTransport:
     "Hands every worker's payload to the round's average inside one process (the simulation's transport)."
     def __init__(self, payloads: dict, how: str): self.payloads, self.how = payloads, how
@@ -205,7 +206,7 @@ def simulate(workers, rounds, every, outer=Outer(), compress='fp32', inner='adam
         for m, o in zip(models, opts): set_weights(m, o, glob)
     return dl.glob
 
-# %% ../nbs/40_diloco.ipynb #4d141b2a
+# %% ../nbs/40_diloco.ipynb #8e75e88b
 def data_parallel(workers, steps, lr=1e-2) -> dict:
     "Synchronous data parallel SGD on the toy problem: every step, the workers' gradients averaged."
     model = toy_model()
@@ -225,7 +226,7 @@ class _GradOnly:
     def zero_grad(self): self.model.zero_grad(set_to_none=True)
     def step(self): pass
 
-# %% ../nbs/40_diloco.ipynb #2934f13e
+# %% ../nbs/40_diloco.ipynb #4773fc34
 def _flat(enc: dict, dtype, device) -> torch.Tensor:
     return torch.cat([v.reshape(-1).to(device) for v in enc.values() if v.dtype == dtype])
 
@@ -254,7 +255,7 @@ class DistTransport:
             mean = mean_of({r: {**q, **s} for r, (q, s) in enumerate(zip(*parts))}, 'int8')
         return mean, list(range(world)), dict(diloco_rejected={}, diloco_bytes_sent=sent, diloco_bytes_received=sent * (world - 1))
 
-# %% ../nbs/40_diloco.ipynb #5ea1d207
+# %% ../nbs/40_diloco.ipynb #162f8439
 def toy_worker(transport, rank, rounds, every, compress='fp32', outer=Outer(), inner='adamw', lr=1e-2, dl=None) -> DiLoCo:
     "Run worker `rank` of the toy problem for `rounds` rounds through `transport`; its `DiLoCo` state at the end."
     model = toy_model()
@@ -276,7 +277,7 @@ def _dist_toy_main(out, rounds, every, compress):
     finally: dist.destroy_process_group()
     save_file(dl.glob, out)
 
-# %% ../nbs/40_diloco.ipynb #b40da2a4
+# %% ../nbs/40_diloco.ipynb #a86b2ff5
 def spawn_dist_toy(tmp, workers, rounds, every, compress='fp32', timeout=120) -> list:
     "Start `workers` gloo processes of the toy problem on loopback; their final global weights (rank order)."
     import os, socket, subprocess, sys

@@ -9,7 +9,7 @@ __all__ = ['log', 'MANIFEST', 'POINTER', 'KEEP_ROUNDS', 'MANIFEST_LIMIT', 'SERVE
            'HttpPeer', 'make_peer', 'serve_dir', 'fetch_payload', 'FilesTransport', 'toy_shapes', 'toy_pair',
            'files_toy_main']
 
-# %% ../nbs/41_diloco_files.ipynb #130d2db7
+# %% ../nbs/41_diloco_files.ipynb #3a466e52
 import hashlib, hmac, json, logging, os, re, shutil, threading, time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +22,7 @@ from .diloco import SCALE, expected_encoding, payload_bytes, mean_of
 
 log = logging.getLogger('apex3.diloco')
 
-# %% ../nbs/41_diloco_files.ipynb #cb76b6a0
+# %% ../nbs/41_diloco_files.ipynb #b41a76d9
 class Rejected(Exception):
     "What a peer sent is refused; `reason` is the short name counted in the round's record."
     def __init__(self, reason, msg): super().__init__(msg); self.reason = reason
@@ -40,7 +40,7 @@ def check_signature(m, key: bytes):
     if not isinstance(mac, str) or not hmac.compare_digest(mac, hmac.new(key, _canonical(m), hashlib.sha256).hexdigest()):
         raise Rejected('key', 'its HMAC does not verify (another key, or a changed byte)')
 
-# %% ../nbs/41_diloco_files.ipynb #b6fc1616
+# %% ../nbs/41_diloco_files.ipynb #1e64f82b
 MANIFEST = 'manifest.json'
 POINTER = 'global.json'
 KEEP_ROUNDS = 4            # rounds of payloads and global states kept in a worker's directory
@@ -83,7 +83,7 @@ def prune_rounds(root, keep_from: int):
         kind, _, n = p.name.partition('-')
         if kind in ('round', 'global') and n.isdigit() and int(n) < keep_from: shutil.rmtree(p, ignore_errors=True)
 
-# %% ../nbs/41_diloco_files.ipynb #5ebe03c8
+# %% ../nbs/41_diloco_files.ipynb #0edf509e
 class DirPeer:
     "A peer's `--diloco-dir`, reached as a directory (shared or synced)."
     def __init__(self, path): self.root, self.name = Path(path), str(path)
@@ -124,7 +124,7 @@ def make_peer(spec: str):
     "A peer from its `--diloco-peers` entry: an http(s) URL or a directory path."
     return HttpPeer(spec) if re.match(r'https?://', spec) else DirPeer(spec)
 
-# %% ../nbs/41_diloco_files.ipynb #2a4bdb20
+# %% ../nbs/41_diloco_files.ipynb #724823ab
 def serve_dir(root, listen: str) -> ThreadingHTTPServer:
     "Serve `root` read-only on `HOST:PORT` (port 0: any free one) from a daemon thread; returns the server."
     host, _, port = listen.rpartition(':')
@@ -156,7 +156,7 @@ def serve_dir(root, listen: str) -> ThreadingHTTPServer:
     threading.Thread(target=srv.serve_forever, daemon=True, name='diloco-http').start()
     return srv
 
-# %% ../nbs/41_diloco_files.ipynb #c8f6040c
+# %% ../nbs/41_diloco_files.ipynb #72fe4b5c
 DELTA = 'delta.safetensors'
 HEADER_SLACK = 1 << 16   # bytes of safetensors header allowed beyond 128 per tensor
 
@@ -207,7 +207,7 @@ def fetch_payload(peer, rnd, key, base, shapes, how, workers, me):
     if (fs := _files(peer, name, m, {DELTA: expected_encoding(shapes, how)}, _limit(shapes, how))) is None: return None
     return r, fs[DELTA], m['files'][DELTA]['bytes']
 
-# %% ../nbs/41_diloco_files.ipynb #cc84a299
+# %% ../nbs/41_diloco_files.ipynb #997bd1a9
 GLOBAL_FILES = ('global.safetensors', 'momentum.safetensors')
 
 class FilesTransport:
@@ -253,7 +253,7 @@ class FilesTransport:
         "Publish `dl`'s global state of its round (and point `global.json` at it); its digest is the next round's base."
         files = {GLOBAL_FILES[0]: st_save(dl.glob), GLOBAL_FILES[1]: st_save(dl.mom)}
         name = round_dir('global', dl.round)
-        m = publish(self.root, name, files, dict(kind='global', round=dl.round, rank=self.rank), self.key)
+        m = publish(self.root, name, files, dict(kind='global', round=dl.round, rank=self.rank, tokens=dl.tokens), self.key)
         write_sums(self.root / name, {f: v['sha256'] for f, v in m['files'].items()})
         publish_pointer(self.root, m)
         self.base = m['files'][GLOBAL_FILES[0]]['sha256']
@@ -265,7 +265,7 @@ class FilesTransport:
         spec = {k: (torch.float32, s) for k, s in self.shapes.items()}
         fs = _files(peer, round_dir('global', m['round']), m, dict.fromkeys(GLOBAL_FILES, spec), _limit(self.shapes, 'fp32'))
         if fs is None: raise Rejected('truncated', f'global state of round {m["round"]}: its files are not there')
-        return dict(glob=fs[GLOBAL_FILES[0]], mom=fs[GLOBAL_FILES[1]], round=m['round'])
+        return dict(glob=fs[GLOBAL_FILES[0]], mom=fs[GLOBAL_FILES[1]], round=m['round'], tokens=_int(m.get('tokens'), 0))
 
     def finish(self, dl):
         "At the end of a run: wait (at most the deadline) until every peer has finished our last round, which reads our files."
@@ -281,6 +281,11 @@ class FilesTransport:
             left = [p for p in left if p not in done]
             if left: time.sleep(self.poll_s)
 
+    def _can_replay(self, peer, rnd) -> bool:
+        try: m = _manifest(peer, round_dir('round', rnd), self.key)
+        except Rejected: return False
+        return m is not None and m.get('round') == rnd and m.get('base') == self.base
+
     def newer_state(self, dl):
         "A peer's global state to adopt (ahead of ours, or ours and different from a lower rank), with its record; or None."
         best = None
@@ -288,7 +293,8 @@ class FilesTransport:
             try: m = _manifest(peer, POINTER, self.key)
             except Rejected as e: self._log_reject(dl.round, peer, e); continue
             if m is None or not isinstance(m.get('round'), int) or not isinstance(m.get('rank'), int): continue
-            ahead = m['round'] > dl.round
+            # ahead, unless its payload of our next round is still there to replay that round with (a resumed worker)
+            ahead = m['round'] > dl.round and not self._can_replay(peer, dl.round + 1)
             differs = (m['round'] == dl.round and m['rank'] < self.rank and self.base is not None and
                        m.get('files', {}).get(GLOBAL_FILES[0], {}).get('sha256') != self.base)
             if (ahead or differs) and (best is None or m['round'] > best[1]['round']): best = (peer, m)
@@ -298,7 +304,7 @@ class FilesTransport:
         log.warning('diloco: catching up from %s at round %d (this worker was at round %d)', best[0].name, state['round'], dl.round)
         return state, dict(diloco_round=state['round'], diloco_caught_up_from=best[1]['rank'], diloco_was_round=dl.round)
 
-# %% ../nbs/41_diloco_files.ipynb #fe02f4a3
+# %% ../nbs/41_diloco_files.ipynb #c1ab00a7
 def toy_shapes(): return {'w': (4, 3), 'b': (3,)}
 
 def toy_pair(tmp, how='fp32', key=b'0123456789abcdef-secret', timeout=0.3, peer_key=None, peer_shapes=None):
@@ -309,7 +315,7 @@ def toy_pair(tmp, how='fp32', key=b'0123456789abcdef-secret', timeout=0.3, peer_
     w0.base = w1.base = 'b' * 64
     return w0, w1
 
-# %% ../nbs/41_diloco_files.ipynb #066e7608
+# %% ../nbs/41_diloco_files.ipynb #c2d3db3f
 def files_toy_main(argv=None):
     "`python -m apex3.diloco_files OUT ROOT RANK WORKERS ROUNDS EVERY COMPRESS TIMEOUT LISTEN PEER...` (key: $DILOCO_KEY)."
     import sys

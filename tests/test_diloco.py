@@ -1,5 +1,5 @@
 "DiLoCo with real worker processes on loopback: the files transport (directories and HTTP) and dist (gloo) against the single-process simulation, faults, and the trainer's flags."
-import os, signal, socket, subprocess, sys, time
+import json, os, signal, socket, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
 from safetensors.torch import load_file
@@ -41,3 +41,67 @@ def test_dist_two_and_three_workers(tmp_path):
         for g in got:
             assert all(torch.equal(g[k], got[0][k]) for k in want)
             assert all(torch.allclose(g[k], want[k], atol=1e-6) for k in want)
+
+# ---- the trainer: two `apex3 train` workers through files ----
+from apex3.train import byte_shards, read_log
+from apex3.ckpt import sha256_file
+
+TINY = ['--config', 'tiny', '--seq-len', '32', '--micro-bs', '2', '--lr', '3e-3', '--device', 'cpu', '--ce-impl', 'torch',
+        '--progress', 'off', '--val-every', '0']
+H, STEP_TOKENS = 4, 64
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    d = byte_shards(tmp_path_factory.mktemp('bytes'), 200_000)
+    return ['--data', f'std=1:{d}/shard-0000[0-2].bin']
+
+def worker(tmp, data, rank, steps, *extra, peers=None, timeout=60, name=''):
+    "Popen of `apex3 train` as DiLoCo worker `rank` of 2 (directories `tmp/d0`, `tmp/d1`; checkpoints `tmp/ckR`)."
+    peers = peers or [str(tmp / f'd{1 - rank}')]
+    args = [*TINY, *data, '--total-tokens', STEP_TOKENS * steps, '--ckpt-dir', tmp / f'ck{rank}{name}',
+            '--diloco-workers', 2, '--diloco-rank', rank, '--diloco-dir', tmp / f'd{rank}', '--diloco-peers', *peers,
+            '--diloco-key', KEY, '--diloco-every', H, '--diloco-timeout', timeout, *extra]
+    return subprocess.Popen([sys.executable, '-m', 'apex3.train', *map(str, args)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+def done(p, timeout=150):
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-3000:]
+    return err
+
+def final_global(d):
+    "(round, SHA-256 of the global weights) of the newest global state in worker directory `d`."
+    m = json.loads((d / 'global.json').read_text())
+    return m['round'], sha256_file(d / f"global-{m['round']:09d}" / 'global.safetensors')
+
+def rounds(log): return [r for r in read_log(log) if 'diloco_round' in r]
+
+def test_two_trainers_end_with_identical_global_states(tmp_path, data):
+    ps = [worker(tmp_path, data, r, 12) for r in (0, 1)]
+    errs = [done(p) for p in ps]
+    assert final_global(tmp_path / 'd0') == final_global(tmp_path / 'd1') and final_global(tmp_path / 'd0')[0] == 3
+    for r in (0, 1):
+        rs = rounds(tmp_path / f'ck{r}' / 'train.jsonl')
+        assert [x['diloco_ranks'] for x in rs] == [[0, 1]] * 3 and all(x['diloco_rejected'] == {} for x in rs)
+        assert all(x['diloco_bytes_received'] > 0 for x in rs)
+    losses = [[x['loss'] for x in read_log(tmp_path / f'ck{r}' / 'train.jsonl')] for r in (0, 1)]
+    assert losses[0] != losses[1]   # each worker its own data slice
+    from apex3.ckpt import latest_checkpoint, load_checkpoint
+    ck = load_checkpoint(latest_checkpoint(tmp_path / 'ck0'))
+    assert ck['args']['diloco_key'] is None and ck['diloco']['round'] == 3
+    leaked = [p for p in tmp_path.rglob('*') if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert not leaked and not any(KEY in e for e in errs), leaked
+    # an ordinary run from the published global state: its model is that state; a changed byte is refused
+    from safetensors.torch import load_file
+    p = subprocess.run([sys.executable, '-m', 'apex3.train', *map(str, [*TINY, *data, '--total-tokens', 64, '--max-steps', 0,
+                        '--ckpt-dir', tmp_path / 'branch', '--branch-from-diloco', tmp_path / 'd1'])], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    glob = load_file(tmp_path / 'd1' / 'global-000000003' / 'global.safetensors')
+    model = load_checkpoint(latest_checkpoint(tmp_path / 'branch'))['model']
+    assert all(torch.equal(model[k], glob[k]) for k in glob)
+    f = tmp_path / 'd1' / 'global-000000003' / 'global.safetensors'
+    b = bytearray(f.read_bytes()); b[-1] ^= 1; f.write_bytes(bytes(b))
+    p = subprocess.run([sys.executable, '-m', 'apex3.train', *map(str, [*TINY, *data, '--total-tokens', 64, '--max-steps', 0,
+                        '--branch-from-diloco', f.parent])], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and 'fails its checksum' in p.stderr and p.stderr.strip().count('\n') == 0, p.stderr

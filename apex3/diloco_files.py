@@ -9,7 +9,7 @@ __all__ = ['log', 'MANIFEST', 'POINTER', 'KEEP_ROUNDS', 'MANIFEST_LIMIT', 'SERVE
            'HttpPeer', 'make_peer', 'serve_dir', 'fetch_payload', 'FilesTransport', 'toy_shapes', 'toy_pair',
            'files_toy_main']
 
-# %% ../nbs/41_diloco_files.ipynb #3a466e52
+# %% ../nbs/41_diloco_files.ipynb #5a6c16c9
 import hashlib, hmac, json, logging, os, re, shutil, threading, time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +22,7 @@ from .diloco import SCALE, expected_encoding, payload_bytes, mean_of
 
 log = logging.getLogger('apex3.diloco')
 
-# %% ../nbs/41_diloco_files.ipynb #b41a76d9
+# %% ../nbs/41_diloco_files.ipynb #f03194e7
 class Rejected(Exception):
     "What a peer sent is refused; `reason` is the short name counted in the round's record."
     def __init__(self, reason, msg): super().__init__(msg); self.reason = reason
@@ -37,10 +37,11 @@ def sign(m: dict, key: bytes) -> dict:
 def check_signature(m, key: bytes):
     "Raise `Rejected('key')` unless `m` is a manifest signed with `key` (compared in constant time)."
     mac = m.get('hmac') if isinstance(m, dict) else None
-    if not isinstance(mac, str) or not hmac.compare_digest(mac, hmac.new(key, _canonical(m), hashlib.sha256).hexdigest()):
+    want = hmac.new(key, _canonical(m), hashlib.sha256).hexdigest() if isinstance(m, dict) else ''
+    if not isinstance(mac, str) or not hmac.compare_digest(mac, want):
         raise Rejected('key', 'its HMAC does not verify (another key, or a changed byte)')
 
-# %% ../nbs/41_diloco_files.ipynb #1e64f82b
+# %% ../nbs/41_diloco_files.ipynb #1b77a368
 MANIFEST = 'manifest.json'
 POINTER = 'global.json'
 KEEP_ROUNDS = 4            # rounds of payloads and global states kept in a worker's directory
@@ -56,12 +57,13 @@ def _write(path, data: bytes):
     with open(path, 'wb') as f: f.write(data); f.flush(); os.fsync(f.fileno())
 
 def publish(root, name, files: dict, manifest: dict, key: bytes) -> dict:
-    "Write `files` (name -> bytes) and their signed manifest as directory `root/name`, atomically; returns the manifest."
+    "Write `files` (name -> bytes) and their signed manifest as directory `root/name`, atomically; the manifest."
     root = Path(root); root.mkdir(parents=True, exist_ok=True)
     for old in root.glob(f'.tmp-{name}-*'): shutil.rmtree(old, ignore_errors=True)
     tmp = root / f'.tmp-{name}-{os.getpid()}'
     tmp.mkdir()
-    m = sign({**manifest, 'files': {f: dict(sha256=hashlib.sha256(b).hexdigest(), bytes=len(b)) for f, b in files.items()}}, key)
+    listed = {f: dict(sha256=hashlib.sha256(b).hexdigest(), bytes=len(b)) for f, b in files.items()}
+    m = sign({**manifest, 'files': listed}, key)
     for f, b in files.items(): _write(tmp / f, b)
     _write(tmp / MANIFEST, json.dumps(m).encode())
     fsync_dir(tmp)
@@ -83,7 +85,7 @@ def prune_rounds(root, keep_from: int):
         kind, _, n = p.name.partition('-')
         if kind in ('round', 'global') and n.isdigit() and int(n) < keep_from: shutil.rmtree(p, ignore_errors=True)
 
-# %% ../nbs/41_diloco_files.ipynb #0edf509e
+# %% ../nbs/41_diloco_files.ipynb #b7a96976
 class DirPeer:
     "A peer's `--diloco-dir`, reached as a directory (shared or synced)."
     def __init__(self, path): self.root, self.name = Path(path), str(path)
@@ -116,7 +118,7 @@ class HttpPeer:
                 data = bytearray()
                 for chunk in r.iter_content(1 << 20):
                     data += chunk
-                    if len(data) > limit: raise Rejected('oversized', f'{name} is larger than the {limit:,} bytes it may be')
+                    if len(data) > limit: raise Rejected('oversized', f'{name} is larger than its {limit:,} bytes')
                 return bytes(data)
         except self.errors: self.reachable = False; return None   # not reachable now: the deadline decides
 
@@ -124,7 +126,7 @@ def make_peer(spec: str):
     "A peer from its `--diloco-peers` entry: an http(s) URL or a directory path."
     return HttpPeer(spec) if re.match(r'https?://', spec) else DirPeer(spec)
 
-# %% ../nbs/41_diloco_files.ipynb #724823ab
+# %% ../nbs/41_diloco_files.ipynb #d1fa117c
 def serve_dir(root, listen: str) -> ThreadingHTTPServer:
     "Serve `root` read-only on `HOST:PORT` (port 0: any free one) from a daemon thread; returns the server."
     host, _, port = listen.rpartition(':')
@@ -144,7 +146,8 @@ def serve_dir(root, listen: str) -> ThreadingHTTPServer:
             if p is None: self.send_error(404); return
             data = p.read_bytes()
             self.send_response(200)
-            self.send_header('Content-Type', 'application/octet-stream'); self.send_header('Content-Length', str(len(data)))
+            self.send_header('Content-Type', 'application/octet-stream')
+            self.send_header('Content-Length', str(len(data)))
             self.end_headers()
             if body: self.wfile.write(data)
         def do_GET(self): self._answer(True)
@@ -156,7 +159,7 @@ def serve_dir(root, listen: str) -> ThreadingHTTPServer:
     threading.Thread(target=srv.serve_forever, daemon=True, name='diloco-http').start()
     return srv
 
-# %% ../nbs/41_diloco_files.ipynb #72fe4b5c
+# %% ../nbs/41_diloco_files.ipynb #dbd71d49
 DELTA = 'delta.safetensors'
 HEADER_SLACK = 1 << 16   # bytes of safetensors header allowed beyond 128 per tensor
 
@@ -175,15 +178,17 @@ def _files(peer, name, m, want: dict, limit) -> dict:
     files = m.get('files') if isinstance(m.get('files'), dict) else {}
     if bad := [f for f in files if not isinstance(f, str) or not _FILE.fullmatch(f)]:
         raise Rejected('path', f'{name}: its manifest names files outside its directory: {bad[:3]}')
-    if sorted(files) != sorted(want): raise Rejected('shapes', f'{name}: its files are {sorted(files)}, not {sorted(want)}')
+    if sorted(files) != sorted(want): raise Rejected('shapes', f'{name}: it lists {sorted(files)}, not {sorted(want)}')
     out = {}
     for f, spec in want.items():
         size = files[f].get('bytes')
-        if not isinstance(size, int) or size > limit: raise Rejected('oversized', f'{name}/{f}: {size} bytes, over {limit:,}')
+        if not isinstance(size, int) or size > limit:
+            raise Rejected('oversized', f'{name}/{f}: {size} bytes, over {limit:,}')
         data = peer.read(f'{name}/{f}', size)
         if data is None: return None   # the peer is unreachable or replacing the directory this moment: ask again
         if len(data) < size: raise Rejected('truncated', f'{name}/{f}: {len(data):,} of its {size:,} bytes')
-        if hashlib.sha256(data).hexdigest() != files[f].get('sha256'): raise Rejected('corrupt', f'{name}/{f}: fails its SHA-256')
+        if hashlib.sha256(data).hexdigest() != files[f].get('sha256'):
+            raise Rejected('corrupt', f'{name}/{f}: fails its SHA-256')
         try: tensors = st_load(data)
         except Exception as e: raise Rejected('malformed', f'{name}/{f}: not safetensors ({str(e)[:80]})') from None
         if {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()} != spec:
@@ -194,20 +199,21 @@ def _files(peer, name, m, want: dict, limit) -> dict:
     return out
 
 def fetch_payload(peer, rnd, key, base, shapes, how, workers, me):
-    "(rank, encoded pseudo-gradient, bytes) of `peer`'s round-`rnd` payload, None if not there yet; `Rejected` if it is bad."
+    "(rank, encoded pseudo-gradient, bytes) of `peer`'s round-`rnd` payload; None if not there yet; `Rejected` if bad."
     name = round_dir('round', rnd)
     if (m := _manifest(peer, name, key)) is None: return None
     if m.get('kind') != 'delta' or m.get('round') != rnd:
         raise Rejected('replay', f'{name}: holds the payload of round {m.get("round")!r}, a replay')
     if m.get('base') != base: raise Rejected('stale-base', f'{name}: started from other global weights than ours')
     r = m.get('rank')
-    if not isinstance(r, int) or not 0 <= r < workers or r == me: raise Rejected('rank', f'{name}: rank {r!r} is not a peer\'s')
+    if not isinstance(r, int) or not 0 <= r < workers or r == me:
+        raise Rejected('rank', f'{name}: rank {r!r} is not a peer\'s')
     if m.get('compress') != how or m.get('shapes') != {k: list(s) for k, s in shapes.items()}:
         raise Rejected('shapes', f'{name}: {m.get("compress")!r} pseudo-gradients of other shapes than this model\'s')
     if (fs := _files(peer, name, m, {DELTA: expected_encoding(shapes, how)}, _limit(shapes, how))) is None: return None
     return r, fs[DELTA], m['files'][DELTA]['bytes']
 
-# %% ../nbs/41_diloco_files.ipynb #997bd1a9
+# %% ../nbs/41_diloco_files.ipynb #04fdabfe
 GLOBAL_FILES = ('global.safetensors', 'momentum.safetensors')
 
 class FilesTransport:
@@ -225,8 +231,9 @@ class FilesTransport:
     def publish_payload(self, rnd, enc, tokens) -> int:
         "Publish this worker's encoded pseudo-gradient of round `rnd`; its size in bytes."
         data = st_save(enc)
-        publish(self.root, round_dir('round', rnd), {DELTA: data}, dict(kind='delta', round=rnd, rank=self.rank, tokens=int(tokens),
-                base=self.base, compress=self.how, shapes={k: list(s) for k, s in self.shapes.items()}), self.key)
+        m = dict(kind='delta', round=rnd, rank=self.rank, tokens=int(tokens), base=self.base, compress=self.how,
+                 shapes={k: list(s) for k, s in self.shapes.items()})
+        publish(self.root, round_dir('round', rnd), {DELTA: data}, m, self.key)
         return len(data)
 
     def exchange(self, rnd, enc, tokens):
@@ -240,7 +247,10 @@ class FilesTransport:
                 if got is None: continue
                 r, penc, n = got
                 del waiting[i]
-                if r in arrived: rejected['rank'] += 1; log.warning('diloco round %d: %s sent rank %d twice', rnd, peer.name, r); continue
+                if r in arrived:
+                    rejected['rank'] += 1
+                    log.warning('diloco round %d: %s sent rank %d twice', rnd, peer.name, r)
+                    continue
                 arrived[r], received = penc, received + n
             if waiting: time.sleep(self.poll_s)
         if waiting: log.warning('diloco round %d: nothing from %s within %gs: averaging %d of %d workers', rnd,
@@ -253,7 +263,8 @@ class FilesTransport:
         "Publish `dl`'s global state of its round (and point `global.json` at it); its digest is the next round's base."
         files = {GLOBAL_FILES[0]: st_save(dl.glob), GLOBAL_FILES[1]: st_save(dl.mom)}
         name = round_dir('global', dl.round)
-        m = publish(self.root, name, files, dict(kind='global', round=dl.round, rank=self.rank, tokens=dl.tokens), self.key)
+        m = dict(kind='global', round=dl.round, rank=self.rank, tokens=dl.tokens)
+        m = publish(self.root, name, files, m, self.key)
         write_sums(self.root / name, {f: v['sha256'] for f, v in m['files'].items()})
         publish_pointer(self.root, m)
         self.base = m['files'][GLOBAL_FILES[0]]['sha256']
@@ -261,14 +272,16 @@ class FilesTransport:
 
     def fetch_global(self, peer, m) -> dict:
         "The global state a peer's verified pointer `m` names, checked like a payload; `Rejected` if bad."
-        if m.get('kind') != 'global' or not isinstance(m.get('round'), int): raise Rejected('malformed', 'not a global state')
+        if m.get('kind') != 'global' or _int(m.get('round')) < 0: raise Rejected('malformed', 'not a global state')
         spec = {k: (torch.float32, s) for k, s in self.shapes.items()}
-        fs = _files(peer, round_dir('global', m['round']), m, dict.fromkeys(GLOBAL_FILES, spec), _limit(self.shapes, 'fp32'))
+        name = round_dir('global', m['round'])
+        fs = _files(peer, name, m, dict.fromkeys(GLOBAL_FILES, spec), _limit(self.shapes, 'fp32'))
         if fs is None: raise Rejected('truncated', f'global state of round {m["round"]}: its files are not there')
-        return dict(glob=fs[GLOBAL_FILES[0]], mom=fs[GLOBAL_FILES[1]], round=m['round'], tokens=_int(m.get('tokens'), 0))
+        glob, mom = (fs[f] for f in GLOBAL_FILES)
+        return dict(glob=glob, mom=mom, round=m['round'], tokens=_int(m.get('tokens'), 0))
 
     def finish(self, dl):
-        "At the end of a run: wait (at most the deadline) until every peer has finished our last round, which reads our files."
+        "At the end of a run: wait (at most the deadline) until every peer has finished our last round."
         t0, left = time.monotonic(), list(self.peers)
         while left and time.monotonic() - t0 < self.timeout:
             done = []
@@ -276,8 +289,8 @@ class FilesTransport:
                 try: m = _manifest(p, POINTER, self.key)
                 except Rejected: m = None
                 # a server that went away was a peer that had finished (it only leaves once its peers have)
-                if m is None and not getattr(p, 'reachable', True) or isinstance(m, dict) and _int(m.get('round')) >= dl.round:
-                    done.append(p)
+                gone = m is None and not getattr(p, 'reachable', True)
+                if gone or isinstance(m, dict) and _int(m.get('round')) >= dl.round: done.append(p)
             left = [p for p in left if p not in done]
             if left: time.sleep(self.poll_s)
 
@@ -287,7 +300,7 @@ class FilesTransport:
         return m is not None and m.get('round') == rnd and m.get('base') == self.base
 
     def newer_state(self, dl):
-        "A peer's global state to adopt (ahead of ours, or ours and different from a lower rank), with its record; or None."
+        "A peer's state to adopt (ahead of ours, or at ours but different and a lower rank's) with its record, or None."
         best = None
         for peer in self.peers:
             try: m = _manifest(peer, POINTER, self.key)
@@ -301,23 +314,25 @@ class FilesTransport:
         if best is None: return None
         try: state = self.fetch_global(*best)
         except Rejected as e: self._log_reject(dl.round, best[0], e); return None
-        log.warning('diloco: catching up from %s at round %d (this worker was at round %d)', best[0].name, state['round'], dl.round)
-        return state, dict(diloco_round=state['round'], diloco_caught_up_from=best[1]['rank'], diloco_was_round=dl.round)
+        log.warning('diloco: catching up from %s at round %d (this worker was at round %d)', best[0].name,
+                    state['round'], dl.round)
+        return state, dict(diloco_round=state['round'], diloco_caught_up_from=best[1]['rank'],
+                           diloco_was_round=dl.round)
 
-# %% ../nbs/41_diloco_files.ipynb #c1ab00a7
+# %% ../nbs/41_diloco_files.ipynb #d33f5936
 def toy_shapes(): return {'w': (4, 3), 'b': (3,)}
 
 def toy_pair(tmp, how='fp32', key=b'0123456789abcdef-secret', timeout=0.3, peer_key=None, peer_shapes=None):
-    "Worker 0's transport reading worker 1's directory, and worker 1's (with its own key and shapes if given); bases set."
+    "Worker 0's transport reading worker 1's directory, and worker 1's (its own key and shapes if given); bases set."
     tmp = Path(tmp)
     w0 = FilesTransport(tmp / 'w0', [tmp / 'w1'], key, 0, 2, how, toy_shapes(), timeout)
     w1 = FilesTransport(tmp / 'w1', [tmp / 'w0'], peer_key or key, 1, 2, how, peer_shapes or toy_shapes(), timeout)
     w0.base = w1.base = 'b' * 64
     return w0, w1
 
-# %% ../nbs/41_diloco_files.ipynb #c2d3db3f
+# %% ../nbs/41_diloco_files.ipynb #ee8d3fba
 def files_toy_main(argv=None):
-    "`python -m apex3.diloco_files OUT ROOT RANK WORKERS ROUNDS EVERY COMPRESS TIMEOUT LISTEN PEER...` (key: $DILOCO_KEY)."
+    "`python -m apex3.diloco_files OUT ROOT RANK WORKERS ROUNDS EVERY COMPRESS TIMEOUT LISTEN PEER...`, $DILOCO_KEY."
     import sys
     from safetensors.torch import save_file
     from apex3.diloco import toy_model, toy_worker, local_weights
@@ -325,7 +340,8 @@ def files_toy_main(argv=None):
     logging.basicConfig(level=logging.WARNING, format='%(message)s')
     if listen != '-': serve_dir(root, listen)
     shapes = {k: tuple(v.shape) for k, v in local_weights(toy_model()).items()}
-    tr = FilesTransport(root, peers, os.environ['DILOCO_KEY'].encode(), int(rank), int(workers), how, shapes, float(timeout))
+    key = os.environ['DILOCO_KEY'].encode()
+    tr = FilesTransport(root, peers, key, int(rank), int(workers), how, shapes, float(timeout))
     dl = toy_worker(tr, int(rank), int(rounds), int(every), how)
     save_file(dl.glob, out)
 

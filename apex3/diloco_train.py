@@ -5,9 +5,10 @@ checkpoints, and `--branch-from-diloco` to start an ordinary run from a DiLoCo g
 
 # %% auto #0
 __all__ = ['log', 'add_diloco_flags', 'diloco_key', 'public_args', 'check_diloco_args', 'data_slice', 'build_diloco',
-           'start_diloco', 'maybe_round', 'global_state_dir', 'branch_from_diloco']
+           'start_diloco', 'maybe_round', 'global_state_dir', 'branch_from_diloco', 'diloco_sweep', 'sweep_table',
+           'plot_sweep']
 
-# %% ../nbs/42_diloco_train.ipynb #d58fe1fa
+# %% ../nbs/42_diloco_train.ipynb #c1f49d7f
 import logging, os
 from pathlib import Path
 import torch
@@ -19,7 +20,7 @@ from .diloco_files import GLOBAL_FILES, POINTER, FilesTransport, serve_dir
 
 log = logging.getLogger('apex3.diloco')
 
-# %% ../nbs/42_diloco_train.ipynb #7bf1fa47
+# %% ../nbs/42_diloco_train.ipynb #89d8dce4
 def add_diloco_flags(p):
     "The DiLoCo flags of `apex3 train`."
     g = p.add_argument_group('DiLoCo: workers on hosts that share no fast network')
@@ -28,7 +29,8 @@ def add_diloco_flags(p):
     g.add_argument('--diloco-every', type=int, default=500, metavar='H', help='inner steps between rounds')
     g.add_argument('--diloco-outer-lr', type=float, default=0.7, help='outer Nesterov SGD learning rate')
     g.add_argument('--diloco-outer-momentum', type=float, default=0.9, help='outer Nesterov momentum')
-    g.add_argument('--diloco-compress', default='fp32', choices=COMPRESS, help='pseudo-gradients on the link (int8: per-row absmax)')
+    g.add_argument('--diloco-compress', default='fp32', choices=COMPRESS,
+                   help='pseudo-gradients on the link (int8: per-row absmax)')
     g.add_argument('--diloco-transport', default='files', choices=['files', 'dist'],
                    help='files: published payloads (--diloco-dir, --diloco-peers); dist: ranks of this torchrun job')
     g.add_argument('--diloco-dir', help="this worker's directory of published payloads and global states")
@@ -36,8 +38,9 @@ def add_diloco_flags(p):
                    help="every other worker's directory, or the http(s):// URL it serves")
     g.add_argument('--diloco-key', help='HMAC-SHA256 key shared by the workers (or @FILE)')
     g.add_argument('--diloco-listen', metavar='HOST:PORT', help='serve --diloco-dir read-only over HTTP here')
-    g.add_argument('--diloco-timeout', type=float, default=600.0, metavar='S', help='seconds a round waits for its peers')
-    p.add_argument('--branch-from-diloco', metavar='DIR', help='start from a verified DiLoCo global state (a worker dir, or one of its global-* dirs)')
+    g.add_argument('--diloco-timeout', type=float, default=600.0, metavar='S', help='seconds a round waits for peers')
+    p.add_argument('--branch-from-diloco', metavar='DIR',
+                   help='start from a verified DiLoCo global state (a worker dir, or one of its global-* dirs)')
     return p
 
 def diloco_key(a) -> bytes:
@@ -60,17 +63,19 @@ def check_diloco_args(a, d):
         raise UsageError(f'--diloco-rank must be in 0..{a.diloco_workers - 1}, not {a.diloco_rank}')
     if a.diloco_every < 1: raise UsageError('--diloco-every must be at least 1 step')
     if a.diloco_timeout <= 0: raise UsageError('--diloco-timeout must be positive')
-    if a.fsdp: raise UsageError('DiLoCo between FSDP groups is not implemented: one process per worker (or --diloco-transport dist)')
+    if a.fsdp: raise UsageError('DiLoCo between FSDP groups is not implemented: one process per worker')
     if a.diloco_transport == 'dist':
-        if d.world != a.diloco_workers: raise UsageError(f'--diloco-transport dist runs one worker per rank: {d.world} ranks, {a.diloco_workers} workers')
+        if d.world != a.diloco_workers:
+            raise UsageError(f'--diloco-transport dist: one worker a rank, {d.world} ranks, {a.diloco_workers} workers')
         return
-    if d.world > 1: raise UsageError('--diloco-transport files runs one process per worker, not under a multi-rank torchrun')
+    if d.world > 1: raise UsageError('--diloco-transport files: one process per worker, not a multi-rank torchrun')
     if not a.diloco_dir: raise UsageError('--diloco-transport files needs --diloco-dir')
     if len(a.diloco_peers) != a.diloco_workers - 1:
-        raise UsageError(f'{a.diloco_workers} workers need {a.diloco_workers - 1} --diloco-peers, got {len(a.diloco_peers)}')
+        n = a.diloco_workers - 1
+        raise UsageError(f'{a.diloco_workers} workers need {n} --diloco-peers, got {len(a.diloco_peers)}')
     diloco_key(a)
 
-# %% ../nbs/42_diloco_train.ipynb #66d8bdf7
+# %% ../nbs/42_diloco_train.ipynb #00a61b2b
 def data_slice(a, d) -> tuple:
     "(rank, world) of the data this process reads: its DiLoCo worker's slice (and its rank's inside that)."
     if not a.diloco_workers or a.diloco_transport == 'dist': return d.rank, d.world
@@ -81,10 +86,10 @@ def build_diloco(a, run, d):
     if not a.diloco_workers: return None
     glob = local_weights(run.model, run.opt)
     shapes = {k: tuple(v.shape) for k, v in glob.items()}
-    if a.diloco_transport == 'dist': tr = DistTransport(a.diloco_compress, run.device if run.device.type == 'cuda' else 'cpu')
+    if a.diloco_transport == 'dist': tr = DistTransport(a.diloco_compress, run.device)
     else:
-        tr = FilesTransport(a.diloco_dir, a.diloco_peers, diloco_key(a), a.diloco_rank, a.diloco_workers, a.diloco_compress,
-                            shapes, a.diloco_timeout)
+        tr = FilesTransport(a.diloco_dir, a.diloco_peers, diloco_key(a), a.diloco_rank, a.diloco_workers,
+                            a.diloco_compress, shapes, a.diloco_timeout)
         if a.diloco_listen: run.diloco_server = serve_dir(a.diloco_dir, a.diloco_listen)
     return DiLoCo(glob, tr, Outer(a.diloco_outer_lr, a.diloco_outer_momentum), a.diloco_compress)
 
@@ -109,7 +114,7 @@ def maybe_round(run, st) -> dict:
     if dl is None or st.step % H: return {}
     return diloco_round(dl, run.model, run.opt, st.tokens)
 
-# %% ../nbs/42_diloco_train.ipynb #98b83023
+# %% ../nbs/42_diloco_train.ipynb #e0ac2f4b
 def global_state_dir(path) -> Path:
     "The `global-*` directory `path` names, or the newest one inside it."
     p = Path(path)
@@ -131,3 +136,99 @@ def branch_from_diloco(run, path):
     set_weights(run.model, run.opt, glob)
     log.info('branched from DiLoCo state %s', g)
     return g
+
+# %% ../nbs/42_diloco_train.ipynb #ed4e9507
+def _sweep_args(data_dir, micro_bs, seq_len, lr, val_every):
+    from apex3.train import demo_specs, data_meta
+    tr, va = demo_specs(data_dir)
+    m = data_meta(tr[0])
+    return ['--config', 'tiny', '--set', f"vocab_size={m['vocab_size']}", '--eos-id', str(m['eos_id']),
+            '--seq-len', str(seq_len), '--micro-bs', str(micro_bs), '--lr', str(lr), '--device', 'cpu',
+            '--ce-impl', 'torch', '--progress', 'off', '--data', *tr, '--val-data', *va, '--val-every', str(val_every), '--val-batches', '4']
+
+def _launch(argv, env, torchrun=None):
+    import subprocess, sys
+    pre = [sys.executable]
+    if torchrun:
+        pre += ['-m', 'torch.distributed.run', '--nproc_per_node', str(torchrun), '--master_port', str(_free_port())]
+    return subprocess.Popen([*pre, '-m', 'apex3.train', *map(str, argv)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+def _free_port():
+    import socket
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+def _run_record(name, logs, tokens, bytes_moved, **kw) -> dict:
+    from apex3.train import read_log
+    recs = read_log(logs[0])
+    val = lambda r: sum(v for k, v in r.items() if k.startswith('val_')) / sum(k.startswith('val_') for k in r)
+    scale = len(logs) if kw.pop('per_worker', False) else 1   # a worker's tokens, times the workers
+    curve = [(r['tokens'] * scale, val(r)) for r in recs if any(k.startswith('val_') for k in r)]
+    return dict(kind='diloco_sweep', run=name, tokens=tokens, val_curve=curve, val_final=curve[-1][1],
+                bytes_per_worker=bytes_moved, steps=len(recs), wall_s=sum(r['wall_s'] for r in recs), **kw)
+
+def diloco_sweep(data_dir, out, steps=400, micro_bs=4, seq_len=64, lr=3e-3, val_every=50, Hs=(10, 50, 200),
+                 compress=(('bf16', 50), ('int8', 50)), record='diloco.jsonl') -> list:
+    "One worker, data parallel and DiLoCo runs at equal tokens (see above); appends and returns their records."
+    import os
+    from apex3.records import append_records
+    from apex3.config import get_config
+    from apex3.train import read_log
+    out, env = Path(out), {**os.environ, 'OMP_NUM_THREADS': '1'}
+    base, step_tokens = _sweep_args(data_dir, micro_bs, seq_len, lr, val_every), micro_bs * seq_len
+    total = 2 * steps * step_tokens                      # tokens of every run, over its workers
+    n_params = sum(p.numel() for p in __import__('apex3.model', fromlist=['x']).Transformer(
+        get_config('tiny', [base[base.index('--set') + 1]])).parameters())
+    recs = []
+    def finish(*ps):
+        for p in ps:
+            err = p.communicate(timeout=900)[1]
+            if p.returncode: raise RuntimeError(err[-2000:])
+    finish(_launch([*base, '--total-tokens', total, '--ckpt-dir', out / 'one'], env))
+    recs.append(_run_record('one worker', [out / 'one' / 'train.jsonl'], total, 0, workers=1))
+    dp = [*base, '--total-tokens', total, '--ckpt-dir', out / 'dp', '--fsdp', '--fsdp-param-dtype', 'fp32']
+    finish(_launch(dp, env, torchrun=2))
+    allreduce = steps * 2 * 2 * (2 - 1) / 2 * 4 * n_params   # FP32 gradients, ring all-reduce: sent + received
+    recs.append(_run_record('data parallel', [out / 'dp' / 'train.jsonl'], total, allreduce, workers=2,
+                            bytes_basis='formula: steps x 2 x 2(N-1)/N x 4P (FP32 gradients, ring all-reduce, sent + received)'))
+    key = os.urandom(16).hex()
+    for how, H in [('fp32', H) for H in Hs] + list(compress):
+        name = f'DiLoCo H={H} {how}'
+        d = out / name.replace(' ', '_').replace('=', '')
+        flags = lambda r: [*base, '--total-tokens', total // 2, '--ckpt-dir', d / f'ck{r}', '--diloco-workers', 2,
+                           '--diloco-rank', r, '--diloco-dir', d / f'w{r}', '--diloco-peers', d / f'w{1 - r}',
+                           '--diloco-key', key, '--diloco-every', H, '--diloco-compress', how, '--diloco-timeout', 300]
+        finish(*[_launch(flags(r), env) for r in (0, 1)])
+        rounds = [r for r in read_log(d / 'ck0' / 'train.jsonl') if 'diloco_round' in r]
+        moved = sum(r['diloco_bytes_sent'] + r['diloco_bytes_received'] for r in rounds)
+        logs = [d / 'ck0' / 'train.jsonl', d / 'ck1' / 'train.jsonl']
+        recs.append(_run_record(name, logs, total, moved, workers=2, every=H, compress=how, rounds=len(rounds),
+                                per_worker=True, ranks_per_round=sorted({len(r['diloco_ranks']) for r in rounds}),
+                                bytes_basis='measured: diloco_bytes_sent + diloco_bytes_received of the step log'))
+    append_records(recs, record)
+    return recs
+
+# %% ../nbs/42_diloco_train.ipynb #d7b8a050
+def sweep_table(recs):
+    "Final validation loss against data parallel's, and bytes per worker against data parallel's, per run."
+    import pandas as pd
+    dp = next(r for r in recs if r['run'] == 'data parallel')
+    rows = [dict(run=r['run'], val_final=r['val_final'], ratio_vs_dp=r['val_final'] / dp['val_final'],
+                 bytes_per_worker=r['bytes_per_worker'],
+                 fewer_bytes_than_dp=dp['bytes_per_worker'] / r['bytes_per_worker'] if r['bytes_per_worker'] else None)
+            for r in recs]
+    return pd.DataFrame(rows).set_index('run')
+
+def plot_sweep(recs):
+    "Validation loss against tokens for every run, and bytes per worker (log scale)."
+    import matplotlib.pyplot as plt
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for r in recs:
+        t, v = zip(*r['val_curve'])
+        a1.plot(t, v, 'o-' if r['run'].startswith('DiLoCo') else 's--', ms=3, lw=1, label=r['run'])
+    a1.set(xlabel='tokens (all workers)', ylabel='validation loss', title='tiny on the embedded corpus, equal tokens')
+    a1.legend(fontsize=7)
+    moved = [r for r in recs if r['bytes_per_worker']]
+    a2.barh([r['run'] for r in moved], [r['bytes_per_worker'] for r in moved], log=True)
+    a2.set(xlabel='bytes moved per worker (log)', title='communication'); fig.tight_layout()
+    return fig

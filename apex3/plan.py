@@ -645,7 +645,7 @@ def gpus_main(argv=()):
     with pd.option_context('display.width', 200, 'display.max_colwidth', 90): print(gpu_table().to_string())
     return 0
 
-# %% ../nbs/00_plan.ipynb #34482154
+# %% ../nbs/00_plan.ipynb #28f0e930
 DILOCO_BYTES = {'fp32': 4, 'bf16': 2, 'int8': 1}   # bytes per pseudo-gradient value on the link
 COMM_SHARE = 0.05                                  # the share of a round's wall time communication may take
 

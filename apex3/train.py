@@ -23,8 +23,8 @@ from .bench import add_run_flags, check_run_flags, Run, run_config, micro_step, 
 from .config import get_config
 from .records import device_peak_tflops, GiB
 from .kernels import warn_once as warn_once_to
-from .diloco_train import (add_diloco_flags, check_diloco_args, build_diloco, start_diloco, maybe_round, public_args,
-                                data_slice, branch_from_diloco)
+from .diloco_train import (add_diloco_flags, check_diloco_args, build_diloco, start_diloco, maybe_round,
+                                public_args, data_slice, branch_from_diloco)
 
 log = logging.getLogger('apex3.train')
 
@@ -168,7 +168,8 @@ def check_args(a, d):
     if a.val_data and a.val_batches < 1: raise UsageError('--val-batches must be at least 1')
     if a.arith_probe and not Path(a.arith_probe).exists(): raise UsageError(f'--arith-probe {a.arith_probe}: no such file')
     dist_workers = a.diloco_workers and a.diloco_transport == 'dist'   # every rank a DiLoCo worker of its own
-    if d.world > 1 and not a.fsdp and not dist_workers: raise UsageError(f'{d.world} ranks need --fsdp (or --diloco-transport dist)')
+    if d.world > 1 and not a.fsdp and not dist_workers:
+        raise UsageError(f'{d.world} ranks need --fsdp (or --diloco-transport dist)')
     if a.fsdp and a.offload: raise UsageError('--fsdp and --offload do not combine (the host optimizer is single-GPU)')
     for s in a.val_data:
         if '=' not in s: raise UsageError(f'--val-data expects NAME=GLOB, got {s!r}')
@@ -384,7 +385,7 @@ def save_state(run, loader, st, d):
     path = None
     if d.main:
         state = dict(model=model_sd, optimizer=opt_sd, train=asdict(st), data=data, rng=rng, args=public_args(run.a))
-        if getattr(run, 'diloco', None) is not None: state['diloco'] = run.diloco.state_dict()   # global weights, momentum, round
+        if getattr(run, 'diloco', None) is not None: state['diloco'] = run.diloco.state_dict()
         path = save_checkpoint(run.a.ckpt_dir, st.tokens, state, keep=run.a.keep_ckpts)
         log.info('checkpoint %s', path)
     if d.world > 1: dist.barrier()

@@ -1,4 +1,5 @@
-"DiLoCo with real worker processes on loopback: the files transport (directories and HTTP) and dist (gloo) against the single-process simulation, faults, and the trainer's flags."
+"""DiLoCo with real worker processes on loopback: the files transport (directories and HTTP) against the single-process
+simulation bit for bit, and `apex3 train` workers: identical global states, deadline, SIGKILL, late join, resume."""
 import json, os, signal, socket, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
@@ -13,13 +14,14 @@ def free_port():
     with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
 def files_workers(tmp, n, rounds=3, every=4, how="fp32", http=False, timeout=100):
-    "Start `n` toy workers through the files transport, each naming every other's directory (or URL); their final globals."
+    "Start `n` toy workers through the files transport, each naming every other's directory (or URL); their globals."
     ports = [free_port() for _ in range(n)]
     peer = lambda k: f'http://127.0.0.1:{ports[k]}' if http else str(tmp / f'w{k}')
-    ps = [subprocess.Popen([sys.executable, '-m', 'apex3.diloco_files', str(tmp / f'out{r}.safetensors'), str(tmp / f'w{r}'),
-                            str(r), str(n), str(rounds), str(every), how, str(timeout),
-                            f'127.0.0.1:{ports[r]}' if http else '-', *[peer(k) for k in range(n) if k != r]],
-                           cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(n)]
+    others = lambda r: [peer(k) for k in range(n) if k != r]
+    argv = lambda r: [str(tmp / f'out{r}.safetensors'), str(tmp / f'w{r}'), str(r), str(n), str(rounds), str(every),
+                      how, str(timeout), f'127.0.0.1:{ports[r]}' if http else '-', *others(r)]
+    ps = [subprocess.Popen([sys.executable, '-m', 'apex3.diloco_files', *argv(r)], cwd=ROOT, env=ENV,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(n)]
     try: errs = [p.communicate(timeout=120)[1] for p in ps]
     finally:
         for p in ps: p.kill()
@@ -38,8 +40,8 @@ def test_files_workers_equal_the_simulation_bit_for_bit(tmp_path, n, http, how):
 from apex3.train import byte_shards, read_log
 from apex3.ckpt import sha256_file
 
-TINY = ['--config', 'tiny', '--seq-len', '32', '--micro-bs', '2', '--lr', '3e-3', '--device', 'cpu', '--ce-impl', 'torch',
-        '--progress', 'off', '--val-every', '0']
+TINY = ['--config', 'tiny', '--seq-len', '32', '--micro-bs', '2', '--lr', '3e-3', '--device', 'cpu',
+        '--ce-impl', 'torch', '--progress', 'off', '--val-every', '0']
 H, STEP_TOKENS = 4, 64
 
 @pytest.fixture(scope='module')
@@ -85,27 +87,27 @@ def test_two_trainers_end_with_identical_global_states(tmp_path, data):
     assert not leaked and not any(KEY in e for e in errs), leaked
     # an ordinary run from the published global state: its model is that state; a changed byte is refused
     from safetensors.torch import load_file
-    p = subprocess.run([sys.executable, '-m', 'apex3.train', *map(str, [*TINY, *data, '--total-tokens', 64, '--max-steps', 0,
-                        '--ckpt-dir', tmp_path / 'branch', '--branch-from-diloco', tmp_path / 'd1'])], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=120)
+    args = lambda *extra: [*map(str, [*TINY, *data, '--total-tokens', 64, '--max-steps', 0, *extra])]
+    one = lambda *extra: subprocess.run([sys.executable, '-m', 'apex3.train', *args(*extra)], cwd=ROOT, env=ENV,
+                                        capture_output=True, text=True, timeout=120)
+    p = one('--ckpt-dir', tmp_path / 'branch', '--branch-from-diloco', tmp_path / 'd1')
     assert p.returncode == 0, p.stderr
     glob = load_file(tmp_path / 'd1' / 'global-000000003' / 'global.safetensors')
     model = load_checkpoint(latest_checkpoint(tmp_path / 'branch'))['model']
     assert all(torch.equal(model[k], glob[k]) for k in glob)
     f = tmp_path / 'd1' / 'global-000000003' / 'global.safetensors'
     b = bytearray(f.read_bytes()); b[-1] ^= 1; f.write_bytes(bytes(b))
-    p = subprocess.run([sys.executable, '-m', 'apex3.train', *map(str, [*TINY, *data, '--total-tokens', 64, '--max-steps', 0,
-                        '--branch-from-diloco', f.parent])], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    p = one('--branch-from-diloco', f.parent)
     assert p.returncode == 2 and 'fails its checksum' in p.stderr and p.stderr.strip().count('\n') == 0, p.stderr
 
 def wait_for(cond, p, timeout=120):
     t = time.time()
     while not cond():
-        assert p.poll() is None and time.time() - t < timeout, 'the worker ended (or hung) before the moment the test waits for'
+        assert p.poll() is None and time.time() - t < timeout, 'the worker ended (or hung) before the moment awaited'
         time.sleep(0.02)
 
 def test_killed_peer_deadline_then_late_join(tmp_path, data):
-    "Worker 1 is SIGKILLed: worker 0's rounds wait at most the deadline and average itself alone; a new worker 1 joins late."
+    "Worker 1 is SIGKILLed: worker 0's rounds wait at most the deadline and average alone; a new worker 1 joins late."
     w0 = worker(tmp_path, data, 0, 48, timeout=1.5)
     w1 = worker(tmp_path, data, 1, 48, timeout=1.5)
     wait_for(lambda: (tmp_path / 'd1' / 'round-000000002').exists(), w1)
@@ -120,12 +122,12 @@ def test_killed_peer_deadline_then_late_join(tmp_path, data):
     assert any(x['diloco_ranks'] == [0, 1] for x in rs0[5:]), 'the late worker never took part'
     assert 'joined at round' in err1
     first = read_log(tmp_path / 'ck1late' / 'train.jsonl')[0]
-    assert first['step'] > 5 * H and first['tokens'] == first['step'] * STEP_TOKENS   # it took up the others' step and tokens
+    assert first['step'] > 5 * H and first['tokens'] == first['step'] * STEP_TOKENS   # took up the others' step, tokens
     from apex3.ckpt import verify_checkpoint
     assert verify_checkpoint(tmp_path / 'd0' / 'global-000000012') == []   # the state kept through all of it verifies
 
 def test_resume_after_sigkill_mid_round_is_bit_equal(tmp_path, data):
-    "SIGKILL worker 1 between rounds, resume it: every step's loss and the final global weights equal an uninterrupted pair's."
+    "SIGKILL worker 1 between rounds, resume it: every step's loss and the final globals equal an uninterrupted pair's."
     steps, ck = 16, ['--ckpt-every', STEP_TOKENS * H]
     ref = tmp_path / 'ref'
     ps = [worker(ref, data, r, steps, *ck) for r in (0, 1)]

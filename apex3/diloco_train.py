@@ -231,4 +231,5 @@ def plot_sweep(recs):
     moved = [r for r in recs if r['bytes_per_worker']]
     a2.barh([r['run'] for r in moved], [r['bytes_per_worker'] for r in moved], log=True)
     a2.set(xlabel='bytes moved per worker (log)', title='communication'); fig.tight_layout()
+    plt.close(fig)   # shown once, as the cell's value
     return fig

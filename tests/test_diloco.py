@@ -70,36 +70,6 @@ def final_global(d):
 
 def rounds(log): return [r for r in read_log(log) if 'diloco_round' in r]
 
-def test_two_trainers_end_with_identical_global_states(tmp_path, data):
-    ps = [worker(tmp_path, data, r, 12) for r in (0, 1)]
-    errs = [done(p) for p in ps]
-    assert final_global(tmp_path / 'd0') == final_global(tmp_path / 'd1') and final_global(tmp_path / 'd0')[0] == 3
-    for r in (0, 1):
-        rs = rounds(tmp_path / f'ck{r}' / 'train.jsonl')
-        assert [x['diloco_ranks'] for x in rs] == [[0, 1]] * 3 and all(x['diloco_rejected'] == {} for x in rs)
-        assert all(x['diloco_bytes_received'] > 0 for x in rs)
-    losses = [[x['loss'] for x in read_log(tmp_path / f'ck{r}' / 'train.jsonl')] for r in (0, 1)]
-    assert losses[0] != losses[1]   # each worker its own data slice
-    from apex3.ckpt import latest_checkpoint, load_checkpoint
-    ck = load_checkpoint(latest_checkpoint(tmp_path / 'ck0'))
-    assert ck['args']['diloco_key'] is None and ck['diloco']['round'] == 3
-    leaked = [p for p in tmp_path.rglob('*') if p.is_file() and KEY.encode() in p.read_bytes()]
-    assert not leaked and not any(KEY in e for e in errs), leaked
-    # an ordinary run from the published global state: its model is that state; a changed byte is refused
-    from safetensors.torch import load_file
-    args = lambda *extra: [*map(str, [*TINY, *data, '--total-tokens', 64, '--max-steps', 0, *extra])]
-    one = lambda *extra: subprocess.run([sys.executable, '-m', 'apex3.train', *args(*extra)], cwd=ROOT, env=ENV,
-                                        capture_output=True, text=True, timeout=120)
-    p = one('--ckpt-dir', tmp_path / 'branch', '--branch-from-diloco', tmp_path / 'd1')
-    assert p.returncode == 0, p.stderr
-    glob = load_file(tmp_path / 'd1' / 'global-000000003' / 'global.safetensors')
-    model = load_checkpoint(latest_checkpoint(tmp_path / 'branch'))['model']
-    assert all(torch.equal(model[k], glob[k]) for k in glob)
-    f = tmp_path / 'd1' / 'global-000000003' / 'global.safetensors'
-    b = bytearray(f.read_bytes()); b[-1] ^= 1; f.write_bytes(bytes(b))
-    p = one('--branch-from-diloco', f.parent)
-    assert p.returncode == 2 and 'fails its checksum' in p.stderr and p.stderr.strip().count('\n') == 0, p.stderr
-
 def wait_for(cond, p, timeout=120):
     t = time.time()
     while not cond():
@@ -126,12 +96,26 @@ def test_killed_peer_deadline_then_late_join(tmp_path, data):
     from apex3.ckpt import verify_checkpoint
     assert verify_checkpoint(tmp_path / 'd0' / 'global-000000012') == []   # the state kept through all of it verifies
 
-def test_resume_after_sigkill_mid_round_is_bit_equal(tmp_path, data):
-    "SIGKILL worker 1 between rounds, resume it: every step's loss and the final globals equal an uninterrupted pair's."
+def test_two_trainers_identical_globals_branch_and_resume_after_sigkill(tmp_path, data):
+    """Two workers end with identical global states, the key nowhere on disk; an ordinary run branches from the state (a
+    changed byte is refused); a worker SIGKILLed between rounds and resumed gives every step's loss and the final global
+    weights of the uninterrupted pair."""
     steps, ck = 16, ['--ckpt-every', STEP_TOKENS * H]
     ref = tmp_path / 'ref'
-    ps = [worker(ref, data, r, steps, *ck) for r in (0, 1)]
-    for p in ps: done(p)
+    errs = [done(p) for p in [worker(ref, data, r, steps, *ck) for r in (0, 1)]]
+    assert final_global(ref / 'd0') == final_global(ref / 'd1') and final_global(ref / 'd0')[0] == 4
+    for r in (0, 1):
+        rs = rounds(ref / f'ck{r}' / 'train.jsonl')
+        assert [x['diloco_ranks'] for x in rs] == [[0, 1]] * 4 and all(x['diloco_rejected'] == {} for x in rs)
+        assert all(x['diloco_bytes_received'] > 0 for x in rs)
+    losses = [[x['loss'] for x in read_log(ref / f'ck{r}' / 'train.jsonl')] for r in (0, 1)]
+    assert losses[0] != losses[1]   # each worker its own data slice
+    from apex3.ckpt import latest_checkpoint, load_checkpoint
+    ck0 = load_checkpoint(latest_checkpoint(ref / 'ck0'))
+    assert ck0['args']['diloco_key'] is None and ck0['diloco']['round'] == 4
+    leaked = [p for p in ref.rglob('*') if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert not leaked and not any(KEY in e for e in errs), leaked
+    # SIGKILL worker 1 after its second checkpoint, resume it
     cut = tmp_path / 'cut'
     w0, w1 = worker(cut, data, 0, steps, *ck), worker(cut, data, 1, steps, *ck)
     wait_for(lambda: len(list((cut / 'ck1').glob('tokens-*'))) >= 2, w1)
@@ -144,3 +128,27 @@ def test_resume_after_sigkill_mid_round_is_bit_equal(tmp_path, data):
     for r in (0, 1):
         want = {x['step']: x['loss'] for x in read_log(ref / f'ck{r}' / 'train.jsonl')}
         assert {x['step']: x['loss'] for x in read_log(cut / f'ck{r}' / 'train.jsonl')} == want
+    # an ordinary run from the published global state: its model is that state; a changed byte is refused
+    from safetensors.torch import load_file
+    args = lambda *extra: [*map(str, [*TINY, *data, '--total-tokens', 64, '--max-steps', 0, *extra])]
+    one = lambda *extra: subprocess.run([sys.executable, '-m', 'apex3.train', *args(*extra)], cwd=ROOT, env=ENV,
+                                        capture_output=True, text=True, timeout=120)
+    p = one('--ckpt-dir', tmp_path / 'branch', '--branch-from-diloco', ref / 'd1')
+    assert p.returncode == 0, p.stderr
+    f = ref / 'd1' / 'global-000000004' / 'global.safetensors'
+    glob, model = load_file(f), load_checkpoint(latest_checkpoint(tmp_path / 'branch'))['model']
+    assert all(torch.equal(model[k], glob[k]) for k in glob)
+    b = bytearray(f.read_bytes()); b[-1] ^= 1; f.write_bytes(bytes(b))
+    p = one('--branch-from-diloco', f.parent)
+    assert p.returncode == 2 and 'fails its checksum' in p.stderr and p.stderr.strip().count('\n') == 0, p.stderr
+
+def test_dist_transport_trainers(tmp_path, data):
+    "`--diloco-transport dist`: two ranks of one torchrun job, each a worker, average every H steps over gloo."
+    log = tmp_path / 'log.jsonl'
+    pre = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', str(free_port())]
+    args = [*TINY, *data, '--total-tokens', 2 * STEP_TOKENS * 12, '--diloco-workers', 2, '--diloco-transport', 'dist',
+            '--diloco-every', H, '--step-log', log]
+    p = subprocess.run([*pre, '-m', 'apex3.train', *map(str, args)], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=150)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [(x['step'], x['diloco_ranks']) for x in rounds(log)] == [(4, [0, 1]), (8, [0, 1]), (12, [0, 1])]

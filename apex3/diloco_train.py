@@ -144,7 +144,8 @@ def _sweep_args(data_dir, micro_bs, seq_len, lr, val_every):
     m = data_meta(tr[0])
     return ['--config', 'tiny', '--set', f"vocab_size={m['vocab_size']}", '--eos-id', str(m['eos_id']),
             '--seq-len', str(seq_len), '--micro-bs', str(micro_bs), '--lr', str(lr), '--device', 'cpu',
-            '--ce-impl', 'torch', '--progress', 'off', '--data', *tr, '--val-data', *va, '--val-every', str(val_every), '--val-batches', '4']
+            '--ce-impl', 'torch', '--progress', 'off', '--data', *tr, '--val-data', *va, '--val-every', str(val_every),
+            '--val-batches', '4']
 
 def _launch(argv, env, torchrun=None):
     import subprocess, sys
@@ -168,8 +169,9 @@ def _run_record(name, logs, tokens, bytes_moved, **kw) -> dict:
                 bytes_per_worker=bytes_moved, steps=len(recs), wall_s=sum(r['wall_s'] for r in recs), **kw)
 
 def diloco_sweep(data_dir, out, steps=400, micro_bs=4, seq_len=64, lr=3e-3, val_every=50, Hs=(10, 50, 200),
-                 compress=(('bf16', 50), ('int8', 50)), record='diloco.jsonl') -> list:
-    "One worker, data parallel and DiLoCo runs at equal tokens (see above); appends and returns their records."
+                 compress=(('bf16', 50), ('int8', 50)), outer=((0.7, 0.9),), baselines=True,
+                 record='diloco.jsonl') -> list:
+    "One worker, data parallel and DiLoCo runs (for each `outer` lr, momentum) at equal tokens; appends their records."
     import os
     from apex3.records import append_records
     from apex3.config import get_config
@@ -184,20 +186,24 @@ def diloco_sweep(data_dir, out, steps=400, micro_bs=4, seq_len=64, lr=3e-3, val_
         for p in ps:
             err = p.communicate(timeout=900)[1]
             if p.returncode: raise RuntimeError(err[-2000:])
-    finish(_launch([*base, '--total-tokens', total, '--ckpt-dir', out / 'one'], env))
-    recs.append(_run_record('one worker', [out / 'one' / 'train.jsonl'], total, 0, workers=1))
-    dp = [*base, '--total-tokens', total, '--ckpt-dir', out / 'dp', '--fsdp', '--fsdp-param-dtype', 'fp32']
-    finish(_launch(dp, env, torchrun=2))
+    if baselines:
+        finish(_launch([*base, '--total-tokens', total, '--ckpt-dir', out / 'one'], env))
+        recs.append(_run_record('one worker', [out / 'one' / 'train.jsonl'], total, 0, workers=1))
+        dp = [*base, '--total-tokens', total, '--ckpt-dir', out / 'dp', '--fsdp', '--fsdp-param-dtype', 'fp32']
+        finish(_launch(dp, env, torchrun=2))
     allreduce = steps * 2 * 2 * (2 - 1) / 2 * 4 * n_params   # FP32 gradients, ring all-reduce: sent + received
-    recs.append(_run_record('data parallel', [out / 'dp' / 'train.jsonl'], total, allreduce, workers=2,
-                            bytes_basis='formula: steps x 2 x 2(N-1)/N x 4P (FP32 gradients, ring all-reduce, sent + received)'))
+    basis = 'formula: steps x 2 x 2(N-1)/N x 4P (FP32 gradients, ring all-reduce, sent + received)'
+    if baselines:
+        recs.append(_run_record('data parallel', [out / 'dp' / 'train.jsonl'], total, allreduce, workers=2,
+                                bytes_basis=basis))
     key = os.urandom(16).hex()
-    for how, H in [('fp32', H) for H in Hs] + list(compress):
-        name = f'DiLoCo H={H} {how}'
+    for (how, H), (olr, mom) in [(x, o) for x in [('fp32', H) for H in Hs] + list(compress) for o in outer]:
+        name = f'DiLoCo H={H} {how}' + ('' if (olr, mom) == (0.7, 0.9) else f' outer {olr:g}/{mom:g}')
         d = out / name.replace(' ', '_').replace('=', '')
         flags = lambda r: [*base, '--total-tokens', total // 2, '--ckpt-dir', d / f'ck{r}', '--diloco-workers', 2,
                            '--diloco-rank', r, '--diloco-dir', d / f'w{r}', '--diloco-peers', d / f'w{1 - r}',
-                           '--diloco-key', key, '--diloco-every', H, '--diloco-compress', how, '--diloco-timeout', 300]
+                           '--diloco-key', key, '--diloco-every', H, '--diloco-compress', how, '--diloco-timeout', 300,
+                           '--diloco-outer-lr', olr, '--diloco-outer-momentum', mom]
         finish(*[_launch(flags(r), env) for r in (0, 1)])
         rounds = [r for r in read_log(d / 'ck0' / 'train.jsonl') if 'diloco_round' in r]
         moved = sum(r['diloco_bytes_sent'] + r['diloco_bytes_received'] for r in rounds)

@@ -6,11 +6,11 @@
 __all__ = ['GPUS', 'RECOMPUTE', 'GiB', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACTION', 'BYTES', 'GPU_CAP', 'REAL_RUNS', 'LINKS',
            'GEMM_SAVED', 'ACT_BYTES_PER_TOKEN_D', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB', 'HOST_SLAB_WASTE',
            'KERNEL_EFF', 'HOST_ACCUM_PER_S', 'BOTH_WAYS_SHARE', 'CHUNK_BYTES', 'RING_CHUNKS', 'GPU_HEADROOM_GIB',
-           'PRELOAD_GIB', 'ACT_PREFETCH_GIB', 'BACKWARD_WORKSPACE_GIB', 'parse_number', 'fmt_count', 'GPU', 'find_gpu',
-           'gpu_table', 'model_shape', 'train_flops', 'recompute_flops', 'activation_bytes', 'Layout', 'search_target',
-           'search_gpus', 'choose', 'Serving', 'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs',
-           'plan', 'validation_table', 'link_speed', 'OffloadPlan', 'offload_host_gib', 'offload_plan', 'plan_main',
-           'gpus_main']
+           'PRELOAD_GIB', 'ACT_PREFETCH_GIB', 'BACKWARD_WORKSPACE_GIB', 'DILOCO_BYTES', 'COMM_SHARE', 'parse_number',
+           'fmt_count', 'GPU', 'find_gpu', 'gpu_table', 'model_shape', 'train_flops', 'recompute_flops',
+           'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose', 'Serving', 'inference', 'Plan',
+           'plan_headline', 'plan_rows', 'config_inputs', 'plan', 'validation_table', 'link_speed', 'OffloadPlan',
+           'offload_host_gib', 'offload_plan', 'plan_main', 'gpus_main', 'DiLoCoPlan', 'diloco_plan', 'config_params']
 
 # %% ../nbs/00_plan.ipynb #3119e2a9
 import dataclasses, difflib, functools, json, math, re
@@ -261,6 +261,7 @@ class Plan:
     params: float; active: float; tokens: float; gpu: GPU; precision: str; optimizer: str
     seq: int; layers: int; width: int; mfu: float; batch_tokens: int; target_days: float
     layout: Layout; candidates: list; serving: Serving; fixed_gpus: int|None = None; run: _Run|None = None
+    diloco: object = None   # a `DiLoCoPlan` when the run is one of several DiLoCo workers
     @property
     def gpus(self): return self.layout.gpus
     @property
@@ -308,6 +309,7 @@ def plan_rows(p: Plan) -> list:
             ('Memory/GPU', f'{_gb(l.mem_gib)} GB (model states in total: {p.states_total_gib:,.0f} GB)'),
             ('Duration', f'{p.days:.1f} days'),
             ('Serving', str(p.serving))]
+    if p.diloco is not None: rows.append(('DiLoCo', str(p.diloco)))
     if not p.target_met:
         rows.append(('Note', f'the {p.target_days:g}-day target cannot be met ({l.why}); this is the fastest layout'))
     return rows
@@ -330,7 +332,8 @@ def _plan_dict(self):
                 tp=l.tp, pp=l.pp, dp=l.dp, recompute=l.recompute, mem_gib_per_gpu=l.mem_gib, states_gib_per_gpu=l.states_gib,
                 activations_gib_per_gpu=l.act_gib, states_total_gib=self.states_total_gib, data_gib=self.data_gib,
                 days=self.days, gpu_hours=self.gpu_hours, target_days=self.target_days, target_met=self.target_met,
-                serving=dataclasses.asdict(self.serving), summary=plan_headline(self))
+                serving=dataclasses.asdict(self.serving), summary=plan_headline(self),
+                diloco=dataclasses.asdict(self.diloco) if self.diloco is not None else None)
 
 Plan.__str__, Plan._repr_html_, Plan.to_dict = _plan_str, _plan_html, _plan_dict
 
@@ -345,8 +348,10 @@ def config_inputs(config) -> dict:
 
 # %% ../nbs/00_plan.ipynb #655f5fdb
 def plan(params=None, active=None, tokens=None, gpu='H100', gpus=None, days=90, precision='bf16', optimizer='adamw',
-         seq=None, layers=None, width=None, mfu=0.4, batch_tokens=2**22, config=None) -> Plan:
-    "Plan a training run: the fewest GPUs that finish in `days` (or the fastest layout on `gpus`)."
+         seq=None, layers=None, width=None, mfu=0.4, batch_tokens=2**22, config=None,
+         diloco_workers=None, diloco_every=500, link_gbs=0.125, diloco_compress='fp32') -> Plan:
+    """Plan a training run: the fewest GPUs that finish in `days` (or the fastest layout on `gpus`). With `diloco_workers`,
+    the plan is one worker's, and its `diloco` says what DiLoCo rounds cost on a `link_gbs` link between the workers."""
     heads = kv_width = None
     if config is not None:
         if params is not None: raise UsageError('give PARAMS or --config, not both: the config sets the parameter counts')
@@ -370,8 +375,10 @@ def plan(params=None, active=None, tokens=None, gpu='H100', gpus=None, days=90, 
     best = choose(cands, by_gpus=gpus is None)
     if best is None: raise UsageError(_no_fit_message(run, cands, gpus))
     serving = inference(params, precision, g, context=seq, active=active, layers=L, width=d, kv_width=kv_width)
-    return Plan(params, active, tokens, g, precision, optimizer, seq, L, d, mfu, batch_tokens,
-                days, best, cands, serving, None if gpus is None else int(gpus), run)
+    p = Plan(params, active, tokens, g, precision, optimizer, seq, L, d, mfu, batch_tokens,
+             days, best, cands, serving, None if gpus is None else int(gpus), run)
+    if diloco_workers: p.diloco = diloco_plan(params, p.days * 86400 / p.steps, diloco_workers, diloco_every, link_gbs, diloco_compress)
+    return p
 
 def _no_fit_message(run, cands, gpus):
     "Why nothing fits, in one line."
@@ -603,6 +610,11 @@ def _plan_parser():
     one.add_argument('--act-offload', type=int, help='GEMM inputs sent to the host per micro-batch (default: 0 when the GPU holds '
                      f'them, else the published {PUBLISHED_ACT_OFFLOAD})')
     one.add_argument('--offload-gpu-gib', type=float, help='GiB of optimizer state kept on the GPU (default: what its budget leaves)')
+    dl = p.add_argument_group('DiLoCo: this plan is one worker of several (--link-gbs is then the link between workers)')
+    dl.add_argument('--diloco-workers', type=int, help='DiLoCo workers, each one of this plan')
+    dl.add_argument('--diloco-every', type=int, default=500, help='inner steps between rounds (default: %(default)s)')
+    dl.add_argument('--diloco-compress', default='fp32', choices=list(DILOCO_BYTES), help='pseudo-gradients on the link')
+    dl.add_argument('--host-link', default='pcie5', help='with --diloco-workers and --host-gib: the host link of each worker')
     one.add_argument('--host-accum-rate', type=float, default=HOST_ACCUM_PER_S / 1e9,
                      help='the host\'s fp32 += bf16 additions, billions of elements a second (default: %(default)s, the H200 machine)')
     return p
@@ -614,17 +626,57 @@ def plan_main(argv=()):
         if not a.config: raise UsageError('--host-gib plans one-GPU offload training of a model config: add --config NAME')
         if a.precision: raise UsageError('--precision is not a choice of the one-GPU plan: its compute rate is measured with the published FP8 line')
         if a.host_accum_rate <= 0: raise UsageError(f'--host-accum-rate is a rate: above 0, not {a.host_accum_rate:g}')
-        op = offload_plan(a.config, a.gpu, a.host_gib, a.link_gbs, a.micro_bs, a.accum, layers=a.layers, offload_accum=a.offload_accum,
+        host_link = a.host_link if a.diloco_workers else a.link_gbs
+        op = offload_plan(a.config, a.gpu, a.host_gib, host_link, a.micro_bs, a.accum, layers=a.layers, offload_accum=a.offload_accum,
                           act_offload=a.act_offload, offload_gpu_gib=a.offload_gpu_gib, host_accum_per_s=a.host_accum_rate * 1e9)
-        print(json.dumps(dataclasses.asdict(op) | dict(flags=op.flags()), indent=1) if a.json else op)
+        dp = _diloco_of(a, config_params(a.config, op.layers), op.step_s)
+        out = dataclasses.asdict(op) | dict(flags=op.flags(), diloco=dataclasses.asdict(dp) if dp else None)
+        print(json.dumps(out, indent=1) if a.json else op if dp is None else f'{op}\n  DiLoCo       {dp}')
         return 0
     p = plan(a.params, a.active, a.tokens, a.gpu, a.gpus, 90 if a.days is None else a.days, a.precision or 'bf16', a.optimizer,
-             a.seq, a.layers, a.width, a.mfu, a.batch_tokens, a.config)
+             a.seq, a.layers, a.width, a.mfu, a.batch_tokens, a.config, a.diloco_workers, a.diloco_every,
+             link_speed(a.link_gbs) if a.diloco_workers else 0.125, a.diloco_compress)
     print(json.dumps(p.to_dict(), indent=1) if a.json else p)
     return 0
+
+def _diloco_of(a, params, step_s):
+    if not a.diloco_workers: return None
+    return diloco_plan(params, step_s, a.diloco_workers, a.diloco_every, link_speed(a.link_gbs), a.diloco_compress)
 
 def gpus_main(argv=()):
     "`apex3 gpus`: the GPU table."
     ArgParser(prog='apex3 gpus', description='The GPUs the planner knows.').parse_args(argv)
     with pd.option_context('display.width', 200, 'display.max_colwidth', 90): print(gpu_table().to_string())
     return 0
+
+# %% ../nbs/00_plan.ipynb #28f0e930
+DILOCO_BYTES = {'fp32': 4, 'bf16': 2, 'int8': 1}   # bytes per pseudo-gradient value on the link
+COMM_SHARE = 0.05                                  # the share of a round's wall time communication may take
+
+@dataclass
+class DiLoCoPlan:
+    workers: int; every: int; link_gbs: float; compress: str; params: float; step_s: float
+    round_gb: float; comm_s: float; compute_s: float; comm_share: float; min_every: int; dp_round_gb: float
+    def __str__(self):
+        return (f'{self.workers} workers, H = {self.every}, {self.compress}: {self.round_gb:,.1f} GB per round each way on a '
+                f'{self.link_gbs * 8:g} Gb/s link, {self.comm_s:,.0f} s of communication against {self.compute_s:,.0f} s of '
+                f'compute ({self.comm_share:.1%} of the wall time); under {COMM_SHARE:.0%} from H = {self.min_every:,}; '
+                f'data parallel would move {self.dp_round_gb / self.round_gb:,.0f}x the bytes')
+
+def diloco_plan(params, step_s, workers=2, every=500, link_gbs=0.125, compress='fp32') -> DiLoCoPlan:
+    "What a DiLoCo round costs `workers` workers of `params` parameters at `step_s` a step on a `link_gbs` GB/s link."
+    if workers is None or workers < 2: raise UsageError(f'--diloco-workers: DiLoCo needs at least 2 workers, not {workers}')
+    if every < 1: raise UsageError(f'--diloco-every must be at least 1 step, not {every}')
+    if link_gbs <= 0: raise UsageError(f'--link-gbs must be positive, not {link_gbs:g}')
+    if compress not in DILOCO_BYTES: raise UsageError(f"--diloco-compress is one of {', '.join(DILOCO_BYTES)}")
+    gb = (workers - 1) * params * DILOCO_BYTES[compress] / 1e9
+    comm, compute = gb / link_gbs, every * step_s
+    min_every = max(1, math.ceil(comm * (1 - COMM_SHARE) / COMM_SHARE / step_s))
+    dp = every * 2 * (workers - 1) / workers * params * 2 / 1e9
+    return DiLoCoPlan(workers, every, link_gbs, compress, params, step_s, gb, comm, compute, comm / (comm + compute), min_every, dp)
+
+def config_params(config, layers=None) -> float:
+    "Parameters of a model config (at `layers` layers if given): what a pseudo-gradient holds."
+    from apex3.config import get_config, param_counts
+    c = get_config(config)
+    return param_counts(dataclasses.replace(c, n_layers=layers or c.n_layers))['total']

@@ -23,6 +23,8 @@ from .bench import add_run_flags, check_run_flags, Run, run_config, micro_step, 
 from .config import get_config
 from .records import device_peak_tflops, GiB
 from .kernels import warn_once as warn_once_to
+from .diloco_train import (add_diloco_flags, check_diloco_args, build_diloco, start_diloco, maybe_round,
+                                public_args, data_slice, branch_from_diloco)
 
 log = logging.getLogger('apex3.train')
 
@@ -63,7 +65,7 @@ def add_train_flags(p):
                    help='test hook: make the loss of these steps (1-based) NaN, gradients included')
     p.add_argument('--fsdp', action='store_true', help='shard parameters, gradients and optimizer state with FSDP2 (torchrun)')
     p.add_argument('--fsdp-param-dtype', choices=['bf16', 'fp32'], help='dtype FSDP2 gathers weights in (default: bf16 on GPUs, fp32 on CPU)')
-    return p
+    return add_diloco_flags(p)
 
 def train_parser():
     p = ArgParser(prog='apex3 train', description='Train a model on token shards; resumable, headless, under torchrun.')
@@ -154,6 +156,7 @@ def sync_expert_loads(model, d):
 # %% ../nbs/70_train.ipynb #3d8fdd23
 def check_args(a, d):
     "Usage errors of a run's flags, before anything is built."
+    get_config(a.config)   # an unknown --config first: it is the flag every other check assumes
     if not a.data: raise UsageError('--data NAME=WEIGHT:GLOB is required')
     if a.resume and not a.ckpt_dir: raise UsageError('--resume needs --ckpt-dir')
     if a.total_tokens <= 0: raise UsageError('--total-tokens must be positive')
@@ -165,10 +168,13 @@ def check_args(a, d):
     if a.ckpt_every <= 0: raise UsageError(f'--ckpt-every must be a positive number of tokens, not {a.ckpt_every:g}')
     if a.val_data and a.val_batches < 1: raise UsageError('--val-batches must be at least 1')
     if a.arith_probe and not Path(a.arith_probe).exists(): raise UsageError(f'--arith-probe {a.arith_probe}: no such file')
-    if d.world > 1 and not a.fsdp: raise UsageError(f'{d.world} ranks need --fsdp (the only multi-rank mode)')
+    dist_workers = a.diloco_workers and a.diloco_transport == 'dist'   # every rank a DiLoCo worker of its own
+    if d.world > 1 and not a.fsdp and not dist_workers:
+        raise UsageError(f'{d.world} ranks need --fsdp (or --diloco-transport dist)')
     if a.fsdp and a.offload: raise UsageError('--fsdp and --offload do not combine (the host optimizer is single-GPU)')
     for s in a.val_data:
         if '=' not in s: raise UsageError(f'--val-data expects NAME=GLOB, got {s!r}')
+    check_diloco_args(a, d)
 
 def build_run(a, d):
     "The benchmark's `Run` with the trainer's config; sharded with FSDP2 (and its optimizer rebuilt) on several ranks."
@@ -379,7 +385,8 @@ def save_state(run, loader, st, d):
     data, rng = _gather(loader.state_dict(), d), _gather(rng_state(), d)
     path = None
     if d.main:
-        state = dict(model=model_sd, optimizer=opt_sd, train=asdict(st), data=data, rng=rng, args=vars(run.a))
+        state = dict(model=model_sd, optimizer=opt_sd, train=asdict(st), data=data, rng=rng, args=public_args(run.a))
+        if getattr(run, 'diloco', None) is not None: state['diloco'] = run.diloco.state_dict()
         path = save_checkpoint(run.a.ckpt_dir, st.tokens, state, keep=run.a.keep_ckpts)
         log.info('checkpoint %s', path)
     if d.world > 1: dist.barrier()
@@ -407,6 +414,7 @@ def restore_state(run, loader, d):
     try: load_model_optim(run, ck['model'], ck['optimizer'], d)
     except (RuntimeError, KeyError, ValueError) as e:  # another --config/--set, --offload or optimizer than the run that wrote it
         raise UsageError(f'{path} does not fit this run (same --config, --set and --offload?): {str(e).strip().splitlines()[0][:200]}') from None
+    if getattr(run, 'diloco', None) is not None and 'diloco' in ck: run.diloco.load_state_dict(ck['diloco'])
     try: loader.load_state_dict(ck['data'][d.rank])
     except ValueError as e: raise UsageError(f'{path}: {e}') from None
     set_rng_state(ck['rng'][d.rank])
@@ -491,12 +499,16 @@ def _train(a, d):
     check_data(cfg, a.data + a.val_data)
     from apex3.data.loader import MixtureLoader
     try:
-        loader = MixtureLoader(a.data, cfg.seq_len, a.micro_bs, a.seed, d.rank, d.world)
+        loader = MixtureLoader(a.data, cfg.seq_len, a.micro_bs, a.seed, *data_slice(a, d))
         val = ValSet(a.val_data, cfg.seq_len, a.micro_bs, a.val_batches, d.rank, d.world) if a.val_data else None
     except (FileNotFoundError, ValueError) as e: raise UsageError(str(e)) from None
     run, sched = build_run(a, d), make_schedule(a)
     st = TrainState(next_ckpt=a.ckpt_every)
-    if a.resume: st = restore_state(run, loader, d) or st
+    if a.branch_from_diloco: branch_from_diloco(run, a.branch_from_diloco)   # a checkpoint to resume from overrides it
+    run.diloco = build_diloco(a, run, d)
+    resumed = a.resume and (got := restore_state(run, loader, d)) is not None
+    if resumed: st = got
+    if run.diloco is not None: start_diloco(run, st, resumed)
     return loop(run, loader, val, sched, st, d)
 
 def _probe_setup(a, d):
@@ -520,6 +532,7 @@ def loop(run, loader, val, sched, st, d) -> int:
             t_step = time.perf_counter()
             rec = train_step(run, loader, st, sched, d)   # ends on .item(): the device is done
             dt = time.perf_counter() - t_step             # the step alone: not validation, the probe or a checkpoint
+            rec.update(maybe_round(run, st))              # every --diloco-every steps: the model is the new global one
             if val is not None and (_due(a.val_every, st.step) or st.step == 1): rec.update(val_losses(run, val, d))
             if tok is not None and _due(a.arith_every, st.step):
                 rec['arith_answers'] = probe_answers(run.model, tok, probe, a.arith_max_new, run.device, d)
@@ -534,6 +547,7 @@ def loop(run, loader, val, sched, st, d) -> int:
             if a.ckpt_dir and st.bad_streak == 0 and st.tokens >= st.next_ckpt:
                 st.next_ckpt = (st.tokens // a.ckpt_every + 1) * a.ckpt_every
                 save_state(run, loader, st, d); saved_at = st.tokens
+        if getattr(run, 'diloco', None) is not None: run.diloco.finish()   # peers may still be reading our last round
         if a.ckpt_dir and st.bad_streak == 0 and saved_at != st.tokens: save_state(run, loader, st, d)
         return 0
     except torch.OutOfMemoryError as e:   # one line, and the checkpoints as they were

@@ -34,6 +34,13 @@ def test_bad_flag_is_one_line_and_status_2():
     rc, out, err = finish(trainer('--total-tokens', '1e6', '--recompute', 'some'))
     assert rc == 2 and err.strip().count('\n') == 0 and err.startswith('apex3 train: error:'), err
 
+def test_unknown_config_is_named_before_missing_data():
+    from apex3.train import main
+    import contextlib, io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err): rc = main(['--config', 'nope', '--total-tokens', '1e6'])
+    assert rc == 2 and "unknown config 'nope'" in err.getvalue(), err.getvalue()
+
 def test_published_line_parses():
     from apex3.train import train_parser
     line = ('--config C --eos-id 203776 --data a=1:A/*.bin --data b=2:B/*.bin --val-data a=V/*.bin --set n_layers=2 '

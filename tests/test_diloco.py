@@ -1,0 +1,154 @@
+"""DiLoCo with real worker processes on loopback: the files transport (directories and HTTP) against the single-process
+simulation bit for bit, and `apex3 train` workers: identical global states, deadline, SIGKILL, late join, resume."""
+import json, os, signal, socket, subprocess, sys, time
+from pathlib import Path
+import pytest, torch
+from safetensors.torch import load_file
+from apex3.diloco import simulate
+
+ROOT = Path(__file__).parents[1]
+KEY = 'test-key-0123456789abcdef'
+ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'DILOCO_KEY': KEY, 'PYTHONPATH': str(ROOT)}
+
+def free_port():
+    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+def files_workers(tmp, n, rounds=3, every=4, how="fp32", http=False, timeout=100):
+    "Start `n` toy workers through the files transport, each naming every other's directory (or URL); their globals."
+    ports = [free_port() for _ in range(n)]
+    peer = lambda k: f'http://127.0.0.1:{ports[k]}' if http else str(tmp / f'w{k}')
+    others = lambda r: [peer(k) for k in range(n) if k != r]
+    argv = lambda r: [str(tmp / f'out{r}.safetensors'), str(tmp / f'w{r}'), str(r), str(n), str(rounds), str(every),
+                      how, str(timeout), f'127.0.0.1:{ports[r]}' if http else '-', *others(r)]
+    ps = [subprocess.Popen([sys.executable, '-m', 'apex3.diloco_files', *argv(r)], cwd=ROOT, env=ENV,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(n)]
+    try: errs = [p.communicate(timeout=120)[1] for p in ps]
+    finally:
+        for p in ps: p.kill()
+    assert all(p.returncode == 0 for p in ps), errs
+    return [load_file(tmp / f'out{r}.safetensors') for r in range(n)], errs
+
+@pytest.mark.parametrize('n,http,how', [(2, False, 'bf16'), (3, True, 'int8')])
+def test_files_workers_equal_the_simulation_bit_for_bit(tmp_path, n, http, how):
+    got, errs = files_workers(tmp_path, n, how=how, http=http)
+    want = simulate(n, 3, 4, compress=how)
+    for g in got: assert all(torch.equal(g[k], want[k]) for k in want), errs
+    assert not any('rejected' in e or 'nothing from' in e for e in errs), errs
+    assert not any(KEY in e for e in errs)
+
+# ---- the trainer: two `apex3 train` workers through files ----
+from apex3.train import byte_shards, read_log
+from apex3.ckpt import sha256_file
+
+TINY = ['--config', 'tiny', '--seq-len', '32', '--micro-bs', '2', '--lr', '3e-3', '--device', 'cpu',
+        '--ce-impl', 'torch', '--progress', 'off', '--val-every', '0']
+H, STEP_TOKENS = 4, 64
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    d = byte_shards(tmp_path_factory.mktemp('bytes'), 200_000)
+    return ['--data', f'std=1:{d}/shard-0000[0-2].bin']
+
+def worker(tmp, data, rank, steps, *extra, peers=None, timeout=60, name=''):
+    "Popen of `apex3 train` as DiLoCo worker `rank` of 2 (directories `tmp/d0`, `tmp/d1`; checkpoints `tmp/ckR`)."
+    peers = peers or [str(tmp / f'd{1 - rank}')]
+    args = [*TINY, *data, '--total-tokens', STEP_TOKENS * steps, '--ckpt-dir', tmp / f'ck{rank}{name}',
+            '--diloco-workers', 2, '--diloco-rank', rank, '--diloco-dir', tmp / f'd{rank}', '--diloco-peers', *peers,
+            '--diloco-key', KEY, '--diloco-every', H, '--diloco-timeout', timeout, *extra]
+    return subprocess.Popen([sys.executable, '-m', 'apex3.train', *map(str, args)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+def done(p, timeout=150):
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-3000:]
+    return err
+
+def final_global(d):
+    "(round, SHA-256 of the global weights) of the newest global state in worker directory `d`."
+    m = json.loads((d / 'global.json').read_text())
+    return m['round'], sha256_file(d / f"global-{m['round']:09d}" / 'global.safetensors')
+
+def rounds(log): return [r for r in read_log(log) if 'diloco_round' in r]
+
+def wait_for(cond, p, timeout=120):
+    t = time.time()
+    while not cond():
+        assert p.poll() is None and time.time() - t < timeout, 'the worker ended (or hung) before the moment awaited'
+        time.sleep(0.02)
+
+def test_killed_peer_deadline_then_late_join(tmp_path, data):
+    "Worker 1 is SIGKILLed: worker 0's rounds wait at most the deadline and average alone; a new worker 1 joins late."
+    w0 = worker(tmp_path, data, 0, 48, timeout=1.5)
+    w1 = worker(tmp_path, data, 1, 48, timeout=1.5)
+    wait_for(lambda: (tmp_path / 'd1' / 'round-000000002').exists(), w1)
+    w1.send_signal(signal.SIGKILL); w1.communicate()
+    wait_for(lambda: (tmp_path / 'd0' / 'global-000000005').exists(), w0)   # alone for a while
+    late = worker(tmp_path, data, 1, 48, timeout=1.5, name='late')
+    err0, err1 = done(w0), done(late)
+    rs0 = rounds(tmp_path / 'ck0' / 'train.jsonl')
+    assert [x['diloco_round'] for x in rs0] == list(range(1, 13))
+    assert rs0[0]['diloco_ranks'] == [0, 1] and any(x['diloco_ranks'] == [0] and x['diloco_missing'] == 1 for x in rs0)
+    assert 'nothing from' in err0 and 'averaging 1 of 2 workers' in err0
+    assert any(x['diloco_ranks'] == [0, 1] for x in rs0[5:]), 'the late worker never took part'
+    assert 'joined at round' in err1
+    first = read_log(tmp_path / 'ck1late' / 'train.jsonl')[0]
+    assert first['step'] > 5 * H and first['tokens'] == first['step'] * STEP_TOKENS   # took up the others' step, tokens
+    from apex3.ckpt import verify_checkpoint
+    assert verify_checkpoint(tmp_path / 'd0' / 'global-000000012') == []   # the state kept through all of it verifies
+
+def test_two_trainers_identical_globals_branch_and_resume_after_sigkill(tmp_path, data):
+    """Two workers end with identical global states, the key nowhere on disk; an ordinary run branches from the state (a
+    changed byte is refused); a worker SIGKILLed between rounds and resumed gives every step's loss and the final global
+    weights of the uninterrupted pair."""
+    steps, ck = 16, ['--ckpt-every', STEP_TOKENS * H]
+    ref = tmp_path / 'ref'
+    errs = [done(p) for p in [worker(ref, data, r, steps, *ck) for r in (0, 1)]]
+    assert final_global(ref / 'd0') == final_global(ref / 'd1') and final_global(ref / 'd0')[0] == 4
+    for r in (0, 1):
+        rs = rounds(ref / f'ck{r}' / 'train.jsonl')
+        assert [x['diloco_ranks'] for x in rs] == [[0, 1]] * 4 and all(x['diloco_rejected'] == {} for x in rs)
+        assert all(x['diloco_bytes_received'] > 0 for x in rs)
+    losses = [[x['loss'] for x in read_log(ref / f'ck{r}' / 'train.jsonl')] for r in (0, 1)]
+    assert losses[0] != losses[1]   # each worker its own data slice
+    from apex3.ckpt import latest_checkpoint, load_checkpoint
+    ck0 = load_checkpoint(latest_checkpoint(ref / 'ck0'))
+    assert ck0['args']['diloco_key'] is None and ck0['diloco']['round'] == 4
+    leaked = [p for p in ref.rglob('*') if p.is_file() and KEY.encode() in p.read_bytes()]
+    assert not leaked and not any(KEY in e for e in errs), leaked
+    # SIGKILL worker 1 after its second checkpoint, resume it
+    cut = tmp_path / 'cut'
+    w0, w1 = worker(cut, data, 0, steps, *ck), worker(cut, data, 1, steps, *ck)
+    wait_for(lambda: len(list((cut / 'ck1').glob('tokens-*'))) >= 2, w1)
+    w1.send_signal(signal.SIGKILL); w1.communicate()
+    assert max(r['step'] for r in read_log(cut / 'ck1' / 'train.jsonl')) < steps
+    err = done(worker(cut, data, 1, steps, *ck, '--resume'))
+    done(w0)
+    assert 'resumed from' in err and 'catching up' not in err
+    assert final_global(cut / 'd0') == final_global(cut / 'd1') == final_global(ref / 'd0')
+    for r in (0, 1):
+        want = {x['step']: x['loss'] for x in read_log(ref / f'ck{r}' / 'train.jsonl')}
+        assert {x['step']: x['loss'] for x in read_log(cut / f'ck{r}' / 'train.jsonl')} == want
+    # an ordinary run from the published global state: its model is that state; a changed byte is refused
+    from safetensors.torch import load_file
+    args = lambda *extra: [*map(str, [*TINY, *data, '--total-tokens', 64, '--max-steps', 0, *extra])]
+    one = lambda *extra: subprocess.run([sys.executable, '-m', 'apex3.train', *args(*extra)], cwd=ROOT, env=ENV,
+                                        capture_output=True, text=True, timeout=120)
+    p = one('--ckpt-dir', tmp_path / 'branch', '--branch-from-diloco', ref / 'd1')
+    assert p.returncode == 0, p.stderr
+    f = ref / 'd1' / 'global-000000004' / 'global.safetensors'
+    glob, model = load_file(f), load_checkpoint(latest_checkpoint(tmp_path / 'branch'))['model']
+    assert all(torch.equal(model[k], glob[k]) for k in glob)
+    b = bytearray(f.read_bytes()); b[-1] ^= 1; f.write_bytes(bytes(b))
+    p = one('--branch-from-diloco', f.parent)
+    assert p.returncode == 2 and 'fails its checksum' in p.stderr and p.stderr.strip().count('\n') == 0, p.stderr
+
+def test_dist_transport_trainers(tmp_path, data):
+    "`--diloco-transport dist`: two ranks of one torchrun job, each a worker, average every H steps over gloo."
+    log = tmp_path / 'log.jsonl'
+    pre = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', str(free_port())]
+    args = [*TINY, *data, '--total-tokens', 2 * STEP_TOKENS * 12, '--diloco-workers', 2, '--diloco-transport', 'dist',
+            '--diloco-every', H, '--step-log', log]
+    p = subprocess.run([*pre, '-m', 'apex3.train', *map(str, args)], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=150)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [(x['step'], x['diloco_ranks']) for x in rounds(log)] == [(4, [0, 1]), (8, [0, 1]), (12, [0, 1])]

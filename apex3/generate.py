@@ -6,20 +6,21 @@
 __all__ = ['log', 'GATHER_TOKENS', 'RECORDS_FILE', 'HBM_BYTES_PER_S', 'METHODS', 'StaticCache', 'query_doc_starts',
            'CachedAttention', 'chosen_experts', 'moe_infer', 'cached_hidden', 'next_doc', 'Sampling', 'filter_logits',
            'sample_next', 'Stopper', 'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin',
-           'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode']
+           'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode',
+           'load_for_generation', 'stream_text', 'generate_parser', 'generate_main']
 
-# %% ../nbs/11_generate.ipynb #ce655d7a
+# %% ../nbs/11_generate.ipynb #9efa6dd9
 import logging, math, time
 from dataclasses import dataclass
 import torch, torch.nn.functional as F
 from .model import Transformer, route, dispatch, swiglu, rope_cos_sin, generate
 from .config import get_config, param_components
 from .records import append_records, load_records, time_fn
-from .usage import UsageError
+from .usage import ArgParser, UsageError, run_command
 
 log = logging.getLogger('apex3.generate')
 
-# %% ../nbs/11_generate.ipynb #4f0ed153
+# %% ../nbs/11_generate.ipynb #3269c8c7
 class StaticCache:
     "Keys and values of every layer, `[L, B, max_len, n_kv_heads, head_dim]` in the model's dtype, at fixed addresses."
     def __init__(self, cfg, batch, max_len, device=None, dtype=torch.float32):
@@ -31,7 +32,7 @@ class StaticCache:
     @property
     def nbytes(self): return 2 * self.k.numel() * self.k.element_size()
 
-# %% ../nbs/11_generate.ipynb #517b7fc7
+# %% ../nbs/11_generate.ipynb #71096587
 def query_doc_starts(tokens, pos, doc, eos_id):
     "First position of each query's document [B, T]: `doc` [B] for the first token, then after every EOS fed before it."
     after_eos = torch.where(tokens == eos_id, pos + 1, 0)                # an EOS ends its document: the next token starts one
@@ -56,7 +57,7 @@ class CachedAttention:
         p = scores.masked_fill(~allowed[:, None, None], float('-inf')).softmax(-1)
         return torch.einsum('bhgts,bshd->bthgd', p, vc.float()).reshape(B, T, H, D).to(q.dtype)
 
-# %% ../nbs/11_generate.ipynb #7a78b415
+# %% ../nbs/11_generate.ipynb #df1814ff
 GATHER_TOKENS = 16   # up to this many tokens, MoE runs each token's chosen experts directly (decode); beyond, `dispatch`
 
 def chosen_experts(experts, x, idx, gates):
@@ -75,7 +76,7 @@ def moe_infer(moe, x):
     if moe.shared is not None: out = out + moe.shared(flat)
     return out.view(B, T, d)
 
-# %% ../nbs/11_generate.ipynb #369dbb60
+# %% ../nbs/11_generate.ipynb #60f3a654
 def cached_hidden(model, cache, tokens, start, doc):
     "Final-norm hidden states [B, T, d] of `tokens` [B, T] at positions `start[b] + t`, extending the cache's rows 0..B-1."
     B, T = tokens.shape
@@ -92,7 +93,7 @@ def next_doc(tokens, pos, doc, eos_id):
     "Document start for the token after `tokens` [B] fed at `pos` [B]."
     return torch.where(tokens == eos_id, pos + 1, doc)
 
-# %% ../nbs/11_generate.ipynb #1f018473
+# %% ../nbs/11_generate.ipynb #2426ea8c
 @dataclass
 class Sampling:
     "How the next token is chosen: greedy at temperature 0, else sampled from the top-k / top-p filtered distribution."
@@ -123,7 +124,7 @@ def sample_next(logits, s: Sampling, gen=None):
     if s.temperature == 0: return logits.argmax(-1)
     return torch.multinomial(filter_logits(logits, s).softmax(-1), 1, generator=gen).squeeze(-1)
 
-# %% ../nbs/11_generate.ipynb #2493853a
+# %% ../nbs/11_generate.ipynb #5598d8b2
 class Stopper:
     "Tells when a row is done: it emitted a stop id, or its text since the turn began contains a stop string."
     def __init__(self, n, stop_ids=(), stop_strings=(), tokenizer=None):
@@ -143,7 +144,7 @@ class Stopper:
         self.done[row] = done
         return done
 
-# %% ../nbs/11_generate.ipynb #1e032d5b
+# %% ../nbs/11_generate.ipynb #974c4c2a
 def _compile_options(compile, device):
     "torch.compile keywords: `compile` is True (inductor; CUDA graphs on CUDA) or the name of a dynamo backend."
     if compile is True: return dict(mode='reduce-overhead' if device.type == 'cuda' else None)
@@ -206,7 +207,7 @@ class Generator:
 
     def session(self): return Session(self)
 
-# %% ../nbs/11_generate.ipynb #1dd18f0e
+# %% ../nbs/11_generate.ipynb #c88b7869
 def doc_start(ids, n, eos_id) -> int:
     "Where the document of a token fed after `ids[:n]` starts: just after the last EOS among them, else 0."
     return next((i + 1 for i in range(n - 1, -1, -1) if ids[i] == eos_id), 0)
@@ -234,7 +235,7 @@ class Session:
             self.stats[-1]['generated'] += 1
             yield t
 
-# %% ../nbs/11_generate.ipynb #00fc96fa
+# %% ../nbs/11_generate.ipynb #81794e0d
 RECORDS_FILE = 'generate.jsonl'   # records/generate.jsonl
 HBM_BYTES_PER_S = 4.8e12          # H200 HBM3e, NVIDIA's datasheet
 
@@ -247,7 +248,7 @@ def decode_bytes(cfg, batch, context, dtype=torch.bfloat16) -> float:
     kv = 2 * cfg.n_layers * batch * context * cfg.n_kv_heads * cfg.head_dim
     return (dense + cfg.n_layers * distinct * per_expert + kv) * torch.finfo(dtype).bits / 8
 
-# %% ../nbs/11_generate.ipynb #01a9de95
+# %% ../nbs/11_generate.ipynb #208f572b
 def build_model(cfg, device, dtype):
     "An apex3 `Transformer` of `cfg` with random weights, built straight in `dtype` on `device` (config C fits one H200 so)."
     with torch.device('meta'): m = Transformer(cfg)
@@ -268,7 +269,7 @@ def hf_twin(cfg, device, dtype):
     m.generation_config.eos_token_id = None   # every run decodes all its tokens
     return m.to(dtype).eval()
 
-# %% ../nbs/11_generate.ipynb #967b051d
+# %% ../nbs/11_generate.ipynb #9f235fb7
 @torch.no_grad()
 def recompute_decode(model, prompt, max_new):
     "Greedy decoding with no cache: the whole sequence through the model for every token."
@@ -290,7 +291,7 @@ def _decoders(model, cfg, prompt, max_new, device, dtype):
     return dict(recompute=lambda: lambda: recompute_decode(model, prompt, max_new),
                 today=lambda: lambda: generate(model, prompt, max_new), compiled=compiled, transformers=transformers)
 
-# %% ../nbs/11_generate.ipynb #ba6398a9
+# %% ../nbs/11_generate.ipynb #a59068b0
 METHODS = ('recompute', 'today', 'compiled', 'transformers')
 
 def bench_generate(configs=('tiny', 'small'), batches=(1, 8), methods=METHODS, device='cpu', dtype=torch.float32,
@@ -319,7 +320,7 @@ def bench_generate(configs=('tiny', 'small'), batches=(1, 8), methods=METHODS, d
     append_records(recs, RECORDS_FILE)
     return recs
 
-# %% ../nbs/11_generate.ipynb #35bc9d6e
+# %% ../nbs/11_generate.ipynb #5a17d0db
 def decode_table(recs):
     "tokens/s per config, device, batch (rows) and method (columns) from `kind='decode'` records."
     import pandas as pd
@@ -335,3 +336,93 @@ def plot_decode(recs):
     ax.set_xticklabels([f'{c} {on} B={b}' for c, on, _, b in t.index])
     ax.set_xlabel('')
     return ax.figure
+
+# %% ../nbs/11_generate.ipynb #a7f3e738
+def copy_bandwidth(device='cpu', mib=1024) -> float:
+    "Bytes/s of reading and writing a tensor far larger than the caches (a clone reads and writes each byte once)."
+    x = torch.ones(mib * 2**20 // 4, device=device)
+    t = time_fn(lambda: x.clone(), warmup=1, repeats=5, device=device)['seconds']
+    return 2 * x.numel() * 4 / t
+
+def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, context=64, steps=20, top=6) -> dict:
+    "One compiled decode step: time, bytes it reads as a rate beside plain copy bandwidth, and its top ops (torch profiler)."
+    from torch.profiler import profile
+    cfg = get_config(config)
+    torch.manual_seed(0)
+    g = Generator(build_model(cfg, device, dtype), max_len=context + steps + 8, max_batch=batch)
+    logits, pos, doc = g.prefill([list(range(1, context + 1))] * batch)
+    tok = logits.argmax(-1)
+    g.step(tok, pos, doc)                                          # compile
+    step_s = time_fn(lambda: g.step(tok, pos, doc), warmup=3, repeats=steps, device=device)['seconds']
+    with profile() as p:
+        for _ in range(steps): g.step(tok, pos, doc)
+    ev = sorted(p.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in ev)
+    rec = dict(kind='decode_profile', config=config, batch=batch, on=torch.device(device).type, dtype=str(dtype).split('.')[-1],
+               threads=torch.get_num_threads(), step_s=step_s, bytes_per_step=decode_bytes(cfg, batch, context, dtype),
+               copy_bytes_per_s=copy_bandwidth(device), top_ops=[(e.key, e.self_cpu_time_total / total) for e in ev[:top]])
+    rec['read_bytes_per_s'] = rec['bytes_per_step'] / step_s
+    append_records([rec], RECORDS_FILE)
+    return rec
+
+# %% ../nbs/11_generate.ipynb #f217b8f0
+def load_for_generation(ckpt, tokenizer=None, device='cpu'):
+    "(model, tokenizer) of checkpoint `ckpt`, or of the latest one in a run's `--ckpt-dir`; the tokenizer from its data meta."
+    from argparse import Namespace
+    from pathlib import Path
+    from apex3.ckpt import SUMS, latest_checkpoint, load_checkpoint
+    from apex3.train import checkpoint_model, find_tokenizer
+    path = Path(ckpt)
+    if not path.is_dir(): raise UsageError(f'{ckpt}: no such checkpoint directory')
+    if not (path / SUMS).exists() and (path := latest_checkpoint(path)) is None: raise UsageError(f'{ckpt}: no checkpoint in it')
+    args = load_checkpoint(path, ['args'])['args']
+    if not isinstance(args, dict): raise UsageError(f'{path}: its args component is not a dict of flags')
+    tok = find_tokenizer(Namespace(tokenizer=tokenizer, data=list(args.get('data') or []) or ['']))
+    if tok is None: raise UsageError(f"{path}: its data meta names no tokenizer; pass --tokenizer FILE")
+    return checkpoint_model(path, device).eval(), tok
+
+def stream_text(ids, tok, out):
+    "Write the text of the token ids `ids` yields as it grows, holding back a tail that is not yet whole UTF-8."
+    seen, shown = [], ''
+    for t in ids:
+        seen.append(t)
+        text = tok.decode(seen)
+        if text.startswith(shown) and not text.endswith('\ufffd'):
+            out.write(text[len(shown):]); out.flush()
+            shown = text
+    text = tok.decode(seen)
+    out.write((text[len(shown):] if text.startswith(shown) else '') + '\n')
+
+# %% ../nbs/11_generate.ipynb #59e59155
+def generate_parser():
+    p = ArgParser(prog='apex3 generate', description='Continue a prompt with a trained checkpoint, streaming to stdout.')
+    p.add_argument('ckpt', help="a checkpoint directory (tokens-...), or a run's --ckpt-dir for its latest checkpoint")
+    p.add_argument('--prompt', required=True, help='the text to continue')
+    p.add_argument('--max-new', type=int, default=64, help='tokens to generate at most (EOS ends sooner)')
+    p.add_argument('--temperature', type=float, default=0.0, help='0: greedy')
+    p.add_argument('--top-k', type=int, default=None)
+    p.add_argument('--top-p', type=float, default=None)
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--tokenizer', default=None, help="tokenizer file, where the checkpoint's data meta names none")
+    p.add_argument('--device', default='cpu')
+    p.add_argument('--compile', action='store_true', help='compile the decode step (pays off for long generations)')
+    return p
+
+def _generate(argv):
+    import sys
+    a = generate_parser().parse_args(argv)
+    if a.max_new < 1: raise UsageError(f'--max-new must be >= 1, not {a.max_new}')
+    sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
+    model, tok = load_for_generation(a.ckpt, a.tokenizer, a.device)
+    ids = tok.encode(a.prompt)
+    if not ids: raise UsageError('--prompt is empty: nothing to continue')
+    if max(ids) >= model.cfg.vocab_size: raise UsageError(f'the tokenizer gives ids up to {max(ids)}, the model has {model.cfg.vocab_size}')
+    g = Generator(model, max_len=len(ids) + a.max_new, max_batch=1, compile=a.compile)
+    eos = model.cfg.eos_id
+    stream = g.session().stream(ids, a.max_new, sampling, stop_ids=[eos])
+    sys.stdout.write(a.prompt)
+    stream_text((t for t in stream if t != eos), tok, sys.stdout)
+
+def generate_main(argv=None) -> int:
+    "`apex3 generate CKPT --prompt TEXT [...]`: the continuation streamed to stdout."
+    return run_command('generate', _generate, argv)

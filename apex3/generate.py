@@ -9,7 +9,7 @@ __all__ = ['log', 'GATHER_TOKENS', 'RECORDS_FILE', 'HBM_BYTES_PER_S', 'METHODS',
            'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode',
            'load_for_generation', 'stream_text', 'generate_parser', 'generate_main']
 
-# %% ../nbs/11_generate.ipynb #9efa6dd9
+# %% ../nbs/11_generate.ipynb #12e7a362
 import logging, math, time
 from dataclasses import dataclass
 import torch, torch.nn.functional as F
@@ -20,7 +20,7 @@ from .usage import ArgParser, UsageError, run_command
 
 log = logging.getLogger('apex3.generate')
 
-# %% ../nbs/11_generate.ipynb #3269c8c7
+# %% ../nbs/11_generate.ipynb #817558c3
 class StaticCache:
     "Keys and values of every layer, `[L, B, max_len, n_kv_heads, head_dim]` in the model's dtype, at fixed addresses."
     def __init__(self, cfg, batch, max_len, device=None, dtype=torch.float32):
@@ -32,7 +32,7 @@ class StaticCache:
     @property
     def nbytes(self): return 2 * self.k.numel() * self.k.element_size()
 
-# %% ../nbs/11_generate.ipynb #71096587
+# %% ../nbs/11_generate.ipynb #ca3acd52
 def query_doc_starts(tokens, pos, doc, eos_id):
     "First position of each query's document [B, T]: `doc` [B] for the first token, then after every EOS fed before it."
     after_eos = torch.where(tokens == eos_id, pos + 1, 0)                # an EOS ends its document: the next token starts one
@@ -57,7 +57,7 @@ class CachedAttention:
         p = scores.masked_fill(~allowed[:, None, None], float('-inf')).softmax(-1)
         return torch.einsum('bhgts,bshd->bthgd', p, vc.float()).reshape(B, T, H, D).to(q.dtype)
 
-# %% ../nbs/11_generate.ipynb #df1814ff
+# %% ../nbs/11_generate.ipynb #b49484b1
 GATHER_TOKENS = 16   # up to this many tokens, MoE runs each token's chosen experts directly (decode); beyond, `dispatch`
 
 def chosen_experts(experts, x, idx, gates):
@@ -76,7 +76,7 @@ def moe_infer(moe, x):
     if moe.shared is not None: out = out + moe.shared(flat)
     return out.view(B, T, d)
 
-# %% ../nbs/11_generate.ipynb #60f3a654
+# %% ../nbs/11_generate.ipynb #2b986e42
 def cached_hidden(model, cache, tokens, start, doc):
     "Final-norm hidden states [B, T, d] of `tokens` [B, T] at positions `start[b] + t`, extending the cache's rows 0..B-1."
     B, T = tokens.shape
@@ -93,7 +93,7 @@ def next_doc(tokens, pos, doc, eos_id):
     "Document start for the token after `tokens` [B] fed at `pos` [B]."
     return torch.where(tokens == eos_id, pos + 1, doc)
 
-# %% ../nbs/11_generate.ipynb #2426ea8c
+# %% ../nbs/11_generate.ipynb #dc9dc6fa
 @dataclass
 class Sampling:
     "How the next token is chosen: greedy at temperature 0, else sampled from the top-k / top-p filtered distribution."
@@ -124,7 +124,7 @@ def sample_next(logits, s: Sampling, gen=None):
     if s.temperature == 0: return logits.argmax(-1)
     return torch.multinomial(filter_logits(logits, s).softmax(-1), 1, generator=gen).squeeze(-1)
 
-# %% ../nbs/11_generate.ipynb #5598d8b2
+# %% ../nbs/11_generate.ipynb #565f1c31
 class Stopper:
     "Tells when a row is done: it emitted a stop id, or its text since the turn began contains a stop string."
     def __init__(self, n, stop_ids=(), stop_strings=(), tokenizer=None):
@@ -144,7 +144,7 @@ class Stopper:
         self.done[row] = done
         return done
 
-# %% ../nbs/11_generate.ipynb #974c4c2a
+# %% ../nbs/11_generate.ipynb #5f69f5c1
 def _compile_options(compile, device):
     "torch.compile keywords: `compile` is True (inductor; CUDA graphs on CUDA) or the name of a dynamo backend."
     if compile is True: return dict(mode='reduce-overhead' if device.type == 'cuda' else None)
@@ -207,7 +207,7 @@ class Generator:
 
     def session(self): return Session(self)
 
-# %% ../nbs/11_generate.ipynb #c88b7869
+# %% ../nbs/11_generate.ipynb #ea0e01a9
 def doc_start(ids, n, eos_id) -> int:
     "Where the document of a token fed after `ids[:n]` starts: just after the last EOS among them, else 0."
     return next((i + 1 for i in range(n - 1, -1, -1) if ids[i] == eos_id), 0)
@@ -235,7 +235,7 @@ class Session:
             self.stats[-1]['generated'] += 1
             yield t
 
-# %% ../nbs/11_generate.ipynb #81794e0d
+# %% ../nbs/11_generate.ipynb #9973f6e8
 RECORDS_FILE = 'generate.jsonl'   # records/generate.jsonl
 HBM_BYTES_PER_S = 4.8e12          # H200 HBM3e, NVIDIA's datasheet
 
@@ -248,7 +248,7 @@ def decode_bytes(cfg, batch, context, dtype=torch.bfloat16) -> float:
     kv = 2 * cfg.n_layers * batch * context * cfg.n_kv_heads * cfg.head_dim
     return (dense + cfg.n_layers * distinct * per_expert + kv) * torch.finfo(dtype).bits / 8
 
-# %% ../nbs/11_generate.ipynb #208f572b
+# %% ../nbs/11_generate.ipynb #0bda3fc3
 def build_model(cfg, device, dtype):
     "An apex3 `Transformer` of `cfg` with random weights, built straight in `dtype` on `device` (config C fits one H200 so)."
     with torch.device('meta'): m = Transformer(cfg)
@@ -269,7 +269,7 @@ def hf_twin(cfg, device, dtype):
     m.generation_config.eos_token_id = None   # every run decodes all its tokens
     return m.to(dtype).eval()
 
-# %% ../nbs/11_generate.ipynb #9f235fb7
+# %% ../nbs/11_generate.ipynb #1461d638
 @torch.no_grad()
 def recompute_decode(model, prompt, max_new):
     "Greedy decoding with no cache: the whole sequence through the model for every token."
@@ -291,11 +291,11 @@ def _decoders(model, cfg, prompt, max_new, device, dtype):
     return dict(recompute=lambda: lambda: recompute_decode(model, prompt, max_new),
                 today=lambda: lambda: generate(model, prompt, max_new), compiled=compiled, transformers=transformers)
 
-# %% ../nbs/11_generate.ipynb #a59068b0
+# %% ../nbs/11_generate.ipynb #48db755f
 METHODS = ('recompute', 'today', 'compiled', 'transformers')
 
 def bench_generate(configs=('tiny', 'small'), batches=(1, 8), methods=METHODS, device='cpu', dtype=torch.float32,
-                   prompt_len=32, max_new=64, repeats=3) -> list:
+                   prompt_len=32, max_new=32, repeats=2) -> list:
     "Decode tokens/s of each method at each config and batch, side by side in one run; one record each (also appended)."
     recs = []
     for name in configs:
@@ -320,7 +320,7 @@ def bench_generate(configs=('tiny', 'small'), batches=(1, 8), methods=METHODS, d
     append_records(recs, RECORDS_FILE)
     return recs
 
-# %% ../nbs/11_generate.ipynb #5a17d0db
+# %% ../nbs/11_generate.ipynb #5833ca3e
 def decode_table(recs):
     "tokens/s per config, device, batch (rows) and method (columns) from `kind='decode'` records."
     import pandas as pd
@@ -337,11 +337,11 @@ def plot_decode(recs):
     ax.set_xlabel('')
     return ax.figure
 
-# %% ../nbs/11_generate.ipynb #a7f3e738
+# %% ../nbs/11_generate.ipynb #e9255ccf
 def copy_bandwidth(device='cpu', mib=1024) -> float:
-    "Bytes/s of reading and writing a tensor far larger than the caches (a clone reads and writes each byte once)."
-    x = torch.ones(mib * 2**20 // 4, device=device)
-    t = time_fn(lambda: x.clone(), warmup=1, repeats=5, device=device)['seconds']
+    "Bytes/s of copying a tensor far larger than the caches into another (each byte read once and written once)."
+    x, y = torch.ones(mib * 2**20 // 4, device=device), torch.zeros(mib * 2**20 // 4, device=device)
+    t = time_fn(lambda: y.copy_(x), warmup=1, repeats=5, device=device)['seconds']
     return 2 * x.numel() * 4 / t
 
 def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, context=64, steps=20, top=6) -> dict:
@@ -365,7 +365,7 @@ def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, c
     append_records([rec], RECORDS_FILE)
     return rec
 
-# %% ../nbs/11_generate.ipynb #f217b8f0
+# %% ../nbs/11_generate.ipynb #d80fb630
 def load_for_generation(ckpt, tokenizer=None, device='cpu'):
     "(model, tokenizer) of checkpoint `ckpt`, or of the latest one in a run's `--ckpt-dir`; the tokenizer from its data meta."
     from argparse import Namespace
@@ -393,7 +393,7 @@ def stream_text(ids, tok, out):
     text = tok.decode(seen)
     out.write((text[len(shown):] if text.startswith(shown) else '') + '\n')
 
-# %% ../nbs/11_generate.ipynb #59e59155
+# %% ../nbs/11_generate.ipynb #74c80196
 def generate_parser():
     p = ArgParser(prog='apex3 generate', description='Continue a prompt with a trained checkpoint, streaming to stdout.')
     p.add_argument('ckpt', help="a checkpoint directory (tokens-...), or a run's --ckpt-dir for its latest checkpoint")

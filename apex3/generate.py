@@ -9,7 +9,7 @@ __all__ = ['log', 'GATHER_TOKENS', 'RECORDS_FILE', 'HBM_BYTES_PER_S', 'METHODS',
            'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode',
            'load_for_generation', 'stream_text', 'generate_parser', 'generate_main']
 
-# %% ../nbs/11_generate.ipynb #12e7a362
+# %% ../nbs/11_generate.ipynb #240b8111
 import logging, math, time
 from dataclasses import dataclass
 import torch, torch.nn.functional as F
@@ -20,7 +20,7 @@ from .usage import ArgParser, UsageError, run_command
 
 log = logging.getLogger('apex3.generate')
 
-# %% ../nbs/11_generate.ipynb #817558c3
+# %% ../nbs/11_generate.ipynb #734b12d6
 class StaticCache:
     "Keys and values of every layer, `[L, B, max_len, n_kv_heads, head_dim]` in the model's dtype, at fixed addresses."
     def __init__(self, cfg, batch, max_len, device=None, dtype=torch.float32):
@@ -32,7 +32,7 @@ class StaticCache:
     @property
     def nbytes(self): return 2 * self.k.numel() * self.k.element_size()
 
-# %% ../nbs/11_generate.ipynb #ca3acd52
+# %% ../nbs/11_generate.ipynb #1df7f4b0
 def query_doc_starts(tokens, pos, doc, eos_id):
     "First position of each query's document [B, T]: `doc` [B] for the first token, then after every EOS fed before it."
     after_eos = torch.where(tokens == eos_id, pos + 1, 0)                # an EOS ends its document: the next token starts one
@@ -57,13 +57,17 @@ class CachedAttention:
         p = scores.masked_fill(~allowed[:, None, None], float('-inf')).softmax(-1)
         return torch.einsum('bhgts,bshd->bthgd', p, vc.float()).reshape(B, T, H, D).to(q.dtype)
 
-# %% ../nbs/11_generate.ipynb #b49484b1
+# %% ../nbs/11_generate.ipynb #dda7f424
 GATHER_TOKENS = 16   # up to this many tokens, MoE runs each token's chosen experts directly (decode); beyond, `dispatch`
 
 def chosen_experts(experts, x, idx, gates):
     "Routed output for a few tokens `x` [N, d]: each token's `k` chosen experts' weights read, and only theirs."
     w1, w2 = experts.w_gate_up[idx], experts.w_down[idx]                       # [N, k, 2F, d], [N, k, d, F]
-    h = (w1 @ x[:, None, :, None].to(w1.dtype)).squeeze(-1)                    # [N, k, 2F]
+    if torch.compiler.is_compiling():   # multiply-and-sum: inductor fuses the indexing into the sums, nothing is copied
+        h = (w1 * x[:, None, None, :].to(w1.dtype)).sum(-1)                    # [N, k, 2F]
+        s = swiglu(h) * gates[..., None].to(h.dtype)
+        return (w2 * s[:, :, None, :]).sum((1, 3)).to(x.dtype)
+    h = (w1 @ x[:, None, :, None].to(w1.dtype)).squeeze(-1)                    # eager: a copy of the experts, then matmuls
     s = swiglu(h) * gates[..., None].to(h.dtype)
     return (w2 @ s[..., None]).squeeze(-1).sum(1).to(x.dtype)
 
@@ -76,7 +80,7 @@ def moe_infer(moe, x):
     if moe.shared is not None: out = out + moe.shared(flat)
     return out.view(B, T, d)
 
-# %% ../nbs/11_generate.ipynb #2b986e42
+# %% ../nbs/11_generate.ipynb #a67dc2f8
 def cached_hidden(model, cache, tokens, start, doc):
     "Final-norm hidden states [B, T, d] of `tokens` [B, T] at positions `start[b] + t`, extending the cache's rows 0..B-1."
     B, T = tokens.shape
@@ -93,7 +97,7 @@ def next_doc(tokens, pos, doc, eos_id):
     "Document start for the token after `tokens` [B] fed at `pos` [B]."
     return torch.where(tokens == eos_id, pos + 1, doc)
 
-# %% ../nbs/11_generate.ipynb #dc9dc6fa
+# %% ../nbs/11_generate.ipynb #7c3c1f2e
 @dataclass
 class Sampling:
     "How the next token is chosen: greedy at temperature 0, else sampled from the top-k / top-p filtered distribution."
@@ -124,7 +128,7 @@ def sample_next(logits, s: Sampling, gen=None):
     if s.temperature == 0: return logits.argmax(-1)
     return torch.multinomial(filter_logits(logits, s).softmax(-1), 1, generator=gen).squeeze(-1)
 
-# %% ../nbs/11_generate.ipynb #565f1c31
+# %% ../nbs/11_generate.ipynb #a7fdf352
 class Stopper:
     "Tells when a row is done: it emitted a stop id, or its text since the turn began contains a stop string."
     def __init__(self, n, stop_ids=(), stop_strings=(), tokenizer=None):
@@ -144,7 +148,7 @@ class Stopper:
         self.done[row] = done
         return done
 
-# %% ../nbs/11_generate.ipynb #5f69f5c1
+# %% ../nbs/11_generate.ipynb #8877f4e1
 def _compile_options(compile, device):
     "torch.compile keywords: `compile` is True (inductor; CUDA graphs on CUDA) or the name of a dynamo backend."
     if compile is True: return dict(mode='reduce-overhead' if device.type == 'cuda' else None)
@@ -207,7 +211,7 @@ class Generator:
 
     def session(self): return Session(self)
 
-# %% ../nbs/11_generate.ipynb #ea0e01a9
+# %% ../nbs/11_generate.ipynb #d8d69379
 def doc_start(ids, n, eos_id) -> int:
     "Where the document of a token fed after `ids[:n]` starts: just after the last EOS among them, else 0."
     return next((i + 1 for i in range(n - 1, -1, -1) if ids[i] == eos_id), 0)
@@ -235,7 +239,7 @@ class Session:
             self.stats[-1]['generated'] += 1
             yield t
 
-# %% ../nbs/11_generate.ipynb #9973f6e8
+# %% ../nbs/11_generate.ipynb #c54eb559
 RECORDS_FILE = 'generate.jsonl'   # records/generate.jsonl
 HBM_BYTES_PER_S = 4.8e12          # H200 HBM3e, NVIDIA's datasheet
 
@@ -248,7 +252,7 @@ def decode_bytes(cfg, batch, context, dtype=torch.bfloat16) -> float:
     kv = 2 * cfg.n_layers * batch * context * cfg.n_kv_heads * cfg.head_dim
     return (dense + cfg.n_layers * distinct * per_expert + kv) * torch.finfo(dtype).bits / 8
 
-# %% ../nbs/11_generate.ipynb #0bda3fc3
+# %% ../nbs/11_generate.ipynb #38b572c2
 def build_model(cfg, device, dtype):
     "An apex3 `Transformer` of `cfg` with random weights, built straight in `dtype` on `device` (config C fits one H200 so)."
     with torch.device('meta'): m = Transformer(cfg)
@@ -269,7 +273,7 @@ def hf_twin(cfg, device, dtype):
     m.generation_config.eos_token_id = None   # every run decodes all its tokens
     return m.to(dtype).eval()
 
-# %% ../nbs/11_generate.ipynb #1461d638
+# %% ../nbs/11_generate.ipynb #17f298a5
 @torch.no_grad()
 def recompute_decode(model, prompt, max_new):
     "Greedy decoding with no cache: the whole sequence through the model for every token."
@@ -291,7 +295,7 @@ def _decoders(model, cfg, prompt, max_new, device, dtype):
     return dict(recompute=lambda: lambda: recompute_decode(model, prompt, max_new),
                 today=lambda: lambda: generate(model, prompt, max_new), compiled=compiled, transformers=transformers)
 
-# %% ../nbs/11_generate.ipynb #48db755f
+# %% ../nbs/11_generate.ipynb #711a7ce1
 METHODS = ('recompute', 'today', 'compiled', 'transformers')
 
 def bench_generate(configs=('tiny', 'small'), batches=(1, 8), methods=METHODS, device='cpu', dtype=torch.float32,
@@ -320,7 +324,7 @@ def bench_generate(configs=('tiny', 'small'), batches=(1, 8), methods=METHODS, d
     append_records(recs, RECORDS_FILE)
     return recs
 
-# %% ../nbs/11_generate.ipynb #5833ca3e
+# %% ../nbs/11_generate.ipynb #3a70db33
 def decode_table(recs):
     "tokens/s per config, device, batch (rows) and method (columns) from `kind='decode'` records."
     import pandas as pd
@@ -337,7 +341,7 @@ def plot_decode(recs):
     ax.set_xlabel('')
     return ax.figure
 
-# %% ../nbs/11_generate.ipynb #e9255ccf
+# %% ../nbs/11_generate.ipynb #00920ad6
 def copy_bandwidth(device='cpu', mib=1024) -> float:
     "Bytes/s of copying a tensor far larger than the caches into another (each byte read once and written once)."
     x, y = torch.ones(mib * 2**20 // 4, device=device), torch.zeros(mib * 2**20 // 4, device=device)
@@ -365,7 +369,7 @@ def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, c
     append_records([rec], RECORDS_FILE)
     return rec
 
-# %% ../nbs/11_generate.ipynb #d80fb630
+# %% ../nbs/11_generate.ipynb #14a1c2ec
 def load_for_generation(ckpt, tokenizer=None, device='cpu'):
     "(model, tokenizer) of checkpoint `ckpt`, or of the latest one in a run's `--ckpt-dir`; the tokenizer from its data meta."
     from argparse import Namespace
@@ -393,7 +397,7 @@ def stream_text(ids, tok, out):
     text = tok.decode(seen)
     out.write((text[len(shown):] if text.startswith(shown) else '') + '\n')
 
-# %% ../nbs/11_generate.ipynb #74c80196
+# %% ../nbs/11_generate.ipynb #67e507f2
 def generate_parser():
     p = ArgParser(prog='apex3 generate', description='Continue a prompt with a trained checkpoint, streaming to stdout.')
     p.add_argument('ckpt', help="a checkpoint directory (tokens-...), or a run's --ckpt-dir for its latest checkpoint")

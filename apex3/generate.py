@@ -9,7 +9,7 @@ __all__ = ['log', 'GATHER_TOKENS', 'RECORDS_FILE', 'HBM_BYTES_PER_S', 'METHODS',
            'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode',
            'load_for_generation', 'stream_text', 'generate_parser', 'generate_main']
 
-# %% ../nbs/11_generate.ipynb #240b8111
+# %% ../nbs/11_generate.ipynb #6767559d
 import logging, math, time
 from dataclasses import dataclass
 import torch, torch.nn.functional as F
@@ -20,7 +20,7 @@ from .usage import ArgParser, UsageError, run_command
 
 log = logging.getLogger('apex3.generate')
 
-# %% ../nbs/11_generate.ipynb #734b12d6
+# %% ../nbs/11_generate.ipynb #d9e9330e
 class StaticCache:
     "Keys and values of every layer, `[L, B, max_len, n_kv_heads, head_dim]` in the model's dtype, at fixed addresses."
     def __init__(self, cfg, batch, max_len, device=None, dtype=torch.float32):
@@ -32,7 +32,7 @@ class StaticCache:
     @property
     def nbytes(self): return 2 * self.k.numel() * self.k.element_size()
 
-# %% ../nbs/11_generate.ipynb #1df7f4b0
+# %% ../nbs/11_generate.ipynb #7c56ebf5
 def query_doc_starts(tokens, pos, doc, eos_id):
     "First position of each query's document [B, T]: `doc` [B] for the first token, then after every EOS fed before it."
     after_eos = torch.where(tokens == eos_id, pos + 1, 0)                # an EOS ends its document: the next token starts one
@@ -57,7 +57,7 @@ class CachedAttention:
         p = scores.masked_fill(~allowed[:, None, None], float('-inf')).softmax(-1)
         return torch.einsum('bhgts,bshd->bthgd', p, vc.float()).reshape(B, T, H, D).to(q.dtype)
 
-# %% ../nbs/11_generate.ipynb #dda7f424
+# %% ../nbs/11_generate.ipynb #b8ac4204
 GATHER_TOKENS = 16   # up to this many tokens, MoE runs each token's chosen experts directly (decode); beyond, `dispatch`
 
 def chosen_experts(experts, x, idx, gates):
@@ -80,7 +80,7 @@ def moe_infer(moe, x):
     if moe.shared is not None: out = out + moe.shared(flat)
     return out.view(B, T, d)
 
-# %% ../nbs/11_generate.ipynb #a67dc2f8
+# %% ../nbs/11_generate.ipynb #2c5a14ad
 def cached_hidden(model, cache, tokens, start, doc):
     "Final-norm hidden states [B, T, d] of `tokens` [B, T] at positions `start[b] + t`, extending the cache's rows 0..B-1."
     B, T = tokens.shape
@@ -97,7 +97,7 @@ def next_doc(tokens, pos, doc, eos_id):
     "Document start for the token after `tokens` [B] fed at `pos` [B]."
     return torch.where(tokens == eos_id, pos + 1, doc)
 
-# %% ../nbs/11_generate.ipynb #7c3c1f2e
+# %% ../nbs/11_generate.ipynb #805d281a
 @dataclass
 class Sampling:
     "How the next token is chosen: greedy at temperature 0, else sampled from the top-k / top-p filtered distribution."
@@ -128,7 +128,7 @@ def sample_next(logits, s: Sampling, gen=None):
     if s.temperature == 0: return logits.argmax(-1)
     return torch.multinomial(filter_logits(logits, s).softmax(-1), 1, generator=gen).squeeze(-1)
 
-# %% ../nbs/11_generate.ipynb #a7fdf352
+# %% ../nbs/11_generate.ipynb #84a391ae
 class Stopper:
     "Tells when a row is done: it emitted a stop id, or its text since the turn began contains a stop string."
     def __init__(self, n, stop_ids=(), stop_strings=(), tokenizer=None):
@@ -148,7 +148,7 @@ class Stopper:
         self.done[row] = done
         return done
 
-# %% ../nbs/11_generate.ipynb #8877f4e1
+# %% ../nbs/11_generate.ipynb #4307253a
 def _compile_options(compile, device):
     "torch.compile keywords: `compile` is True (inductor; CUDA graphs on CUDA) or the name of a dynamo backend."
     if compile is True: return dict(mode='reduce-overhead' if device.type == 'cuda' else None)
@@ -211,7 +211,7 @@ class Generator:
 
     def session(self): return Session(self)
 
-# %% ../nbs/11_generate.ipynb #d8d69379
+# %% ../nbs/11_generate.ipynb #d070d410
 def doc_start(ids, n, eos_id) -> int:
     "Where the document of a token fed after `ids[:n]` starts: just after the last EOS among them, else 0."
     return next((i + 1 for i in range(n - 1, -1, -1) if ids[i] == eos_id), 0)
@@ -239,7 +239,7 @@ class Session:
             self.stats[-1]['generated'] += 1
             yield t
 
-# %% ../nbs/11_generate.ipynb #c54eb559
+# %% ../nbs/11_generate.ipynb #45875c38
 RECORDS_FILE = 'generate.jsonl'   # records/generate.jsonl
 HBM_BYTES_PER_S = 4.8e12          # H200 HBM3e, NVIDIA's datasheet
 
@@ -252,7 +252,7 @@ def decode_bytes(cfg, batch, context, dtype=torch.bfloat16) -> float:
     kv = 2 * cfg.n_layers * batch * context * cfg.n_kv_heads * cfg.head_dim
     return (dense + cfg.n_layers * distinct * per_expert + kv) * torch.finfo(dtype).bits / 8
 
-# %% ../nbs/11_generate.ipynb #38b572c2
+# %% ../nbs/11_generate.ipynb #34e51306
 def build_model(cfg, device, dtype):
     "An apex3 `Transformer` of `cfg` with random weights, built straight in `dtype` on `device` (config C fits one H200 so)."
     with torch.device('meta'): m = Transformer(cfg)
@@ -273,7 +273,7 @@ def hf_twin(cfg, device, dtype):
     m.generation_config.eos_token_id = None   # every run decodes all its tokens
     return m.to(dtype).eval()
 
-# %% ../nbs/11_generate.ipynb #17f298a5
+# %% ../nbs/11_generate.ipynb #9ac9315b
 @torch.no_grad()
 def recompute_decode(model, prompt, max_new):
     "Greedy decoding with no cache: the whole sequence through the model for every token."
@@ -295,7 +295,7 @@ def _decoders(model, cfg, prompt, max_new, device, dtype):
     return dict(recompute=lambda: lambda: recompute_decode(model, prompt, max_new),
                 today=lambda: lambda: generate(model, prompt, max_new), compiled=compiled, transformers=transformers)
 
-# %% ../nbs/11_generate.ipynb #711a7ce1
+# %% ../nbs/11_generate.ipynb #a373d4fe
 METHODS = ('recompute', 'today', 'compiled', 'transformers')
 
 def bench_generate(configs=('tiny', 'small'), batches=(1, 8), methods=METHODS, device='cpu', dtype=torch.float32,
@@ -324,7 +324,7 @@ def bench_generate(configs=('tiny', 'small'), batches=(1, 8), methods=METHODS, d
     append_records(recs, RECORDS_FILE)
     return recs
 
-# %% ../nbs/11_generate.ipynb #3a70db33
+# %% ../nbs/11_generate.ipynb #3d7dd4ec
 def decode_table(recs):
     "tokens/s per config, device, batch (rows) and method (columns) from `kind='decode'` records."
     import pandas as pd
@@ -339,9 +339,10 @@ def plot_decode(recs):
     ax = t.plot.bar(logy=True, figsize=(8, 3.5), rot=0, ylabel='tokens/s')
     ax.set_xticklabels([f'{c} {on} B={b}' for c, on, _, b in t.index])
     ax.set_xlabel('')
+    plt.close(ax.figure)   # shown once, as the cell's value
     return ax.figure
 
-# %% ../nbs/11_generate.ipynb #00920ad6
+# %% ../nbs/11_generate.ipynb #9c77583e
 def copy_bandwidth(device='cpu', mib=1024) -> float:
     "Bytes/s of copying a tensor far larger than the caches into another (each byte read once and written once)."
     x, y = torch.ones(mib * 2**20 // 4, device=device), torch.zeros(mib * 2**20 // 4, device=device)
@@ -369,7 +370,7 @@ def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, c
     append_records([rec], RECORDS_FILE)
     return rec
 
-# %% ../nbs/11_generate.ipynb #14a1c2ec
+# %% ../nbs/11_generate.ipynb #0e3245f1
 def load_for_generation(ckpt, tokenizer=None, device='cpu'):
     "(model, tokenizer) of checkpoint `ckpt`, or of the latest one in a run's `--ckpt-dir`; the tokenizer from its data meta."
     from argparse import Namespace
@@ -397,7 +398,7 @@ def stream_text(ids, tok, out):
     text = tok.decode(seen)
     out.write((text[len(shown):] if text.startswith(shown) else '') + '\n')
 
-# %% ../nbs/11_generate.ipynb #67e507f2
+# %% ../nbs/11_generate.ipynb #9e9cead3
 def generate_parser():
     p = ArgParser(prog='apex3 generate', description='Continue a prompt with a trained checkpoint, streaming to stdout.')
     p.add_argument('ckpt', help="a checkpoint directory (tokens-...), or a run's --ckpt-dir for its latest checkpoint")

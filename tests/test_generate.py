@@ -1,4 +1,4 @@
-"Generation (apex3.generate): the inductor-compiled decode step against full forwards, and `apex3 generate` as a user runs it."
+"Generation (apex3.generate): the inductor-compiled decode step against full forwards; the CLI as a user runs it."
 import subprocess, sys
 from pathlib import Path
 import torch

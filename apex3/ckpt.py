@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['log', 'SUMS', 'TMP', 'ckpt_name', 'checkpoint_tokens', 'list_checkpoints', 'fsync_dir', 'save_file', 'sha256_file',
            'write_sums', 'read_sums', 'verify_checkpoint', 'clean_leftovers', 'prune_checkpoints', 'save_checkpoint',
-           'latest_checkpoint', 'load_checkpoint', 'rng_state', 'set_rng_state']
+           'latest_checkpoint', 'load_component', 'load_checkpoint', 'rng_state', 'set_rng_state']
 
 # %% ../nbs/71_ckpt.ipynb #3ba48668
 import hashlib, logging, os, random, re, shutil, sys
@@ -175,6 +175,22 @@ def latest_checkpoint(ckpt_dir) -> Path | None:
     return None
 
 # %% ../nbs/71_ckpt.ipynb #3de45f6a
+def _numpy_array_globals():
+    "What unpickling a plain NumPy array needs (its reconstruction and dtype), for checkpoints with NumPy RNG states."
+    import numpy
+    core = getattr(numpy, '_core', None) or numpy.core
+    return [core.multiarray._reconstruct, numpy.ndarray, numpy.dtype, *{type(numpy.dtype(t)) for t in 'u4 i8 f8'.split()}]
+
+def load_component(file, map_location='cpu'):
+    "`torch.load` one component with `weights_only=True`; a file that needs anything else raises `UsageError` unrun."
+    import pickle
+    try:
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(file, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        what = str(e).split('WeightsUnpickler error:')[-1].strip().splitlines()[0][:160]
+        raise UsageError(f'{file} holds more than tensors and plain values, refused unloaded ({what})') from None
+
 def load_checkpoint(path, components=None, map_location='cpu', verified=False) -> dict:
     "Verify (unless `verified`) and load the checkpoint at `path`: every component, or just `components`, as a dict."
     path = Path(path)
@@ -186,13 +202,15 @@ def load_checkpoint(path, components=None, map_location='cpu', verified=False) -
         raise UsageError(f'checkpoint {path} has no {", ".join(missing)} (it has {", ".join(have)})')
     if not verified and (problems := verify_checkpoint(path, [f'{n}.pt' for n in names])):
         raise UsageError(f'checkpoint {path} is corrupt: {"; ".join(problems)}')
-    return {n: torch.load(path / f'{n}.pt', map_location=map_location, weights_only=False) for n in names}
+    return {n: load_component(path / f'{n}.pt', map_location) for n in names}
 
 # %% ../nbs/71_ckpt.ipynb #cf35bb72
 def rng_state() -> dict:
-    "The state of Python's, NumPy's (if imported), torch's CPU and every CUDA device's random number generators."
+    "The state of Python's, NumPy's (if imported; its key array as a tensor), torch's CPU and every CUDA device's generators."
     d = dict(python=random.getstate(), torch=torch.get_rng_state())
-    if 'numpy' in sys.modules: d['numpy'] = sys.modules['numpy'].random.get_state()
+    if 'numpy' in sys.modules:
+        name, keys, *rest = sys.modules['numpy'].random.get_state()
+        d['numpy'] = (name, torch.from_numpy(keys.astype('int64')), *rest)   # a tensor: loads with weights_only
     if torch.cuda.is_available() and torch.cuda.is_initialized(): d['cuda'] = torch.cuda.get_rng_state_all()
     return d
 
@@ -201,7 +219,10 @@ def set_rng_state(d: dict):
     random.setstate(d['python'])
     torch.set_rng_state(d['torch'].cpu())
     if 'numpy' in d:
-        import numpy; numpy.random.set_state(d['numpy'])
+        import numpy
+        name, keys, *rest = d['numpy']
+        keys = keys.numpy() if isinstance(keys, torch.Tensor) else keys   # older checkpoints hold the array itself
+        numpy.random.set_state((name, keys.astype(numpy.uint32), *rest))
     if 'cuda' in d:
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n != len(d['cuda']): log.warning('the RNG state has %d CUDA generators, this machine %d: restoring %d', len(d['cuda']), n, min(n, len(d['cuda'])))

@@ -17,6 +17,7 @@ COMMANDS = {
     'data': ('apex3.data.pipeline:data_main', 'run the data pipeline (run CONFIG | demo | corpus) or one stage'),
     'train': ('apex3.train:train_main', 'train a model on token shards (resumable; torchrun for several GPUs)'),
     'demo': ('apex3.demo:demo_main', "the README's main job: the headline plan, the data pipeline, a tiny model trained"),
+    'generate': ('apex3.generate:generate_main', 'continue a prompt with a trained checkpoint, streaming to stdout'),
 }
 
 # %% ../nbs/01_cli.ipynb #e9284b1d

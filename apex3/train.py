@@ -336,16 +336,23 @@ def _until_eos(ids, eos_id):
 def probe_answers(model, tok, probe, max_new, device, d=None) -> list:
     "The greedy continuation of every probe prompt (cut at EOS), in probe order; under FSDP each rank decodes its share."
     from apex3.model import generate
+    from apex3.generate import Generator
     rank, world = (d.rank, d.world) if d else (0, 1)
     mine = probe[rank::world]
+    prompts = [tok.encode(p) for p, _ in mine]
+    if world == 1:   # one process: the static-cache decoder, eager (prompt lengths vary from probe to probe)
+        g = Generator(model, max_len=max(map(len, prompts)) + max_new, max_batch=1, compile=False)
+        outs = [g.generate([ids], max_new, stop_ids=[model.cfg.eos_id])[0] for ids in prompts]
+        return [tok.decode(_until_eos(o, model.cfg.eos_id)) for o in outs]
     outs = []
-    # eager: compiled blocks would recompile for every new prompt length and cache position
+    # sharded: through the model's forward, whose FSDP hooks gather the weights; eager, as compiled blocks would
+    # recompile for every new prompt length and cache position
     with torch.compiler.set_stance('force_eager'):
         for i in range(math.ceil(len(probe) / world)):   # the same count on every rank: sharded forwards run in lockstep
             ids = tok.encode((mine[i] if i < len(mine) else probe[0])[0])
-            out = generate(model, torch.tensor([ids], device=device), max_new, eos_id=model.cfg.eos_id if world == 1 else None)
+            out = generate(model, torch.tensor([ids], device=device), max_new)
             outs.append(tok.decode(_until_eos(out[0, len(ids):].tolist(), model.cfg.eos_id)))
-    shares = _gather(outs[:len(mine)], d) if d else [outs]
+    shares = _gather(outs[:len(mine)], d)
     return [shares[i % world][i // world] for i in range(len(probe))]
 
 def probe_accuracy(answers, probe) -> float:
@@ -616,21 +623,24 @@ def measure_tokens_per_s(argv, steps=3) -> float:
     return steps * a.accum * a.micro_bs * cfg.seq_len / (time.perf_counter() - t0)
 
 def checkpoint_model(path, device='cpu'):
-    "The model a checkpoint holds, unsharded, built from the flags it was written with."
+    "The model a checkpoint holds, unsharded, built from the flags it was written with (`UsageError` if they do not fit)."
     from apex3.ckpt import load_checkpoint
     from apex3.model import Transformer
     ck = load_checkpoint(path, ['model', 'args'])
-    with torch.device(device): model = Transformer(run_config(run_args(argparse.Namespace(**ck['args']))))
-    model.load_state_dict(ck['model'])
+    try:
+        with torch.device(device): model = Transformer(run_config(run_args(argparse.Namespace(**ck['args']))))
+        model.load_state_dict(ck['model'])
+    except (RuntimeError, KeyError, AttributeError, TypeError) as e:
+        raise UsageError(f'{path}: its model does not fit the flags it was written with: {str(e).strip().splitlines()[0][:200]}') from None
     return model
 
 def sample(ckpt_dir, tok, prompt='def ', max_new=48, device='cpu') -> str:
     "Greedy continuation of `prompt` by the model of the latest checkpoint in `ckpt_dir`."
     from apex3.ckpt import latest_checkpoint
-    from apex3.model import generate
+    from apex3.generate import Generator
     model = checkpoint_model(latest_checkpoint(ckpt_dir), device)
     ids = tok.encode(prompt)
-    return prompt + tok.decode(generate(model, torch.tensor([ids], device=device), max_new)[0, len(ids):].tolist())
+    return prompt + tok.decode(Generator(model, len(ids) + max_new, 1, compile=False).generate([ids], max_new)[0])
 
 def demo_train(out_dir, data_dir, minutes=2.0, micro_bs=8, seq_len=128, lr=3e-3, extra=()) -> dict:
     "Train `tiny` on the embedded corpus in `data_dir` on CPU for about `minutes`; write checkpoints, log, plots into `out_dir`."

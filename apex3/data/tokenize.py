@@ -16,7 +16,8 @@ __all__ = ['EOS', 'SPECIAL_TOKENS', 'train_bpe', 'load_tokenizer', 'token_dtype'
 # %% ../../nbs/57_tokenize.ipynb #dc6b32f3
 EOS = '<|endoftext|>'
 SPECIAL_TOKENS = [EOS, '<fim_prefix>', '<fim_middle>', '<fim_suffix>', '<fim_pad>', '<repo_name>', '<file_sep>',
-                  '<|im_start|>', '<|im_end|>', '<|pad|>']
+                  '<|im_start|>', '<|im_end|>', '<|pad|>', '<tool_call>', '</tool_call>', '<tool_response>',
+                  '</tool_response>']
 
 def train_bpe(texts, vocab_size=8192, special_tokens=SPECIAL_TOKENS):
     "Train a byte-level BPE tokenizer on an iterable of strings (deterministic for a given input order)."

@@ -8,7 +8,7 @@ __all__ = ['CHAT_TOKENS', 'TOOLS_PREAMBLE', 'TOOLS_CODA', 'CHAT_TEMPLATE', 'log'
            'join_events']
 
 # %% ../../nbs/60_chat.ipynb #0101550c
-import json, logging, re
+import functools, json, logging, re
 from pathlib import Path
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.exceptions import TemplateError
@@ -16,9 +16,8 @@ from ..data.core import atomic_write_bytes
 
 # %% ../../nbs/60_chat.ipynb #70979ac5
 CHAT_TOKENS = ['<|im_start|>', '<|im_end|>', '<tool_call>', '</tool_call>', '<tool_response>', '</tool_response>']
-TOOLS_PREAMBLE = ('# Tools\n\nYou may call the tools below. Each is declared as one JSON object:\n<tools>')
-TOOLS_CODA = ('\n</tools>\n\nTo call a tool, write a JSON object with its name and arguments between the tags:\n'
-              '<tool_call>\n{"name": <tool-name>, "arguments": <arguments-object>}\n</tool_call>')
+TOOLS_PREAMBLE = '# Tools\n\nYou may call these tools:\n<tools>'
+TOOLS_CODA = '\n</tools>\n\nCall one as:\n<tool_call>\n{"name": <tool-name>, "arguments": <arguments-object>}\n</tool_call>'
 
 CHAT_TEMPLATE = """\
 {%- if messages and messages[0].role == 'system' %}{% set system = messages[0].content %}{% endif %}
@@ -66,10 +65,12 @@ def _environment():
 
 _ENV = _environment()
 
+@functools.lru_cache(maxsize=8)
+def _compiled(template): return _ENV.from_string(template)   # compiling costs far more than rendering
+
 def render_chat(messages, tools=None, add_generation_prompt=False, template=CHAT_TEMPLATE) -> str:
     "The text of `messages` (dicts with `role`, `content`, `tool_calls`), `tools` declared in the system turn."
-    return _ENV.from_string(template).render(messages=list(messages), tools=tools or None,
-                                             add_generation_prompt=add_generation_prompt)
+    return _compiled(template).render(messages=list(messages), tools=tools or None, add_generation_prompt=add_generation_prompt)
 
 # %% ../../nbs/60_chat.ipynb #20db4491
 log = logging.getLogger(__name__)

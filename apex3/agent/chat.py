@@ -87,7 +87,7 @@ def load_chat_template(folder) -> str:
     "The `chat_template` of the tokenizer folder `folder`, else the default with a warning."
     p = Path(folder)/'tokenizer_config.json'
     try: t = json.loads(p.read_text()).get('chat_template')
-    except (OSError, ValueError) as e: t = None
+    except (OSError, ValueError): t = None
     if isinstance(t, str) and t: return t
     log.warning(f'{p}: no chat_template; using the default ChatML template')
     return CHAT_TEMPLATE

@@ -7,7 +7,7 @@ __all__ = ['ScriptedModel', 'GreedyModel', 'assistant_message', 'truncate', 'run
            'read_trace', 'replay', 'show_trace', 'replay_main']
 
 # %% ../../nbs/65_loop.ipynb #7dacc13e
-import json, os, sys
+import json, os
 from dataclasses import dataclass, field
 from pathlib import Path
 from .chat import CHAT_TEMPLATE, StreamParser, render_chat
@@ -70,7 +70,9 @@ def run_call(tools, name, args, limit):
 # %% ../../nbs/65_loop.ipynb #5922a6b8
 class Trace:
     "An append-only JSONL file, one record per line, synced as written (a no-op without a path)."
-    def __init__(self, path): self.f = open(path, 'w', encoding='utf-8') if path else None
+    def __init__(self, path):
+        if path: Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.f = open(path, 'w', encoding='utf-8') if path else None
     def write(self, **rec):
         if not self.f: return
         self.f.write(json.dumps(rec, ensure_ascii=False) + '\n'); self.f.flush(); os.fsync(self.f.fileno())

@@ -8,7 +8,7 @@ __all__ = ['log', 'type_schema', 'function_schema', 'Unit', 'schema_examples', '
 
 # %% ../../nbs/61_tools.ipynb #721dedcc
 import inspect, json, logging, re, subprocess, sys, threading, types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Literal, Union, get_args, get_origin, get_type_hints
 import jsonschema

@@ -68,9 +68,9 @@ def batch_tensors(examples, pad_id):
 
 # %% ../../nbs/66_demo.ipynb #27ea38cb
 def demo_tokenizer(texts, vocab_size=1024):
-    "A byte-level BPE trained on the synthetic conversations, with the pipeline's special tokens."
+    "A byte-level BPE (one token per digit) trained on the synthetic conversations, with the pipeline's special tokens."
     from apex3.data.tokenize import train_bpe
-    return train_bpe(texts, vocab_size)
+    return train_bpe(texts, vocab_size, split_digits=True)
 
 def new_model(tok, seed=0):
     "A fresh `tiny` model sized to the tokenizer."
@@ -144,7 +144,7 @@ def _model(ckpt, tok):
     return m
 
 # %% ../../nbs/66_demo.ipynb #d1df0f53
-def agent_demo(out, minutes=2.0, ckpt=None, tokenizer=None, n_train=8000, n_test=20, backend='bwrap', seed=0) -> dict:
+def agent_demo(out, minutes=2.0, ckpt=None, tokenizer=None, n_train=8000, n_test=20, backend='bwrap', seed=0, lr=5e-3) -> dict:
     "Train (or fine-tune `ckpt`) on synthetic tool-use conversations, then evaluate with and without the tool."
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     train = problems(n_train, seed)
@@ -153,12 +153,12 @@ def agent_demo(out, minutes=2.0, ckpt=None, tokenizer=None, n_train=8000, n_test
     tok = _tokenizer(tokenizer, texts)
     tok.save(str(out / 'tokenizer.json')); save_chat_config(out)
     model = _model(ckpt, tok)
-    losses = finetune(model, [encode_example(tok, t) for t in texts], tok.token_to_id('<|pad|>'), minutes, seed=seed)
+    losses = finetune(model, [encode_example(tok, t) for t in texts], tok.token_to_id('<|pad|>'), minutes, lr=lr, seed=seed)
     torch.save(model.state_dict(), out / 'model.pt')
     tool = python_tool(get_runner(backend, timeout=10))
     with_tool, runs = evaluate(model, tok, test, tool, trace_dir=out / 'traces')
     without, _ = evaluate(model, tok, test, None, trace_dir=out / 'traces')
-    res = dict(steps=len(losses), loss_first=losses[0], loss_last=sum(losses[-20:]) / len(losses[-20:]),
+    res = dict(lr=lr, steps=len(losses), loss_first=losses[0], loss_last=sum(losses[-20:]) / len(losses[-20:]),
                with_tool=with_tool, without_tool=without, example=runs[0][1].messages, example_trace=str(out / 'traces/tool-0.jsonl'))
     (out / 'agent_demo.json').write_text(json.dumps(res, indent=1, ensure_ascii=False))
     return res
@@ -198,5 +198,5 @@ RECORDS_FILE = 'agent_demo.jsonl'
 
 def demo_record(res, minutes, source) -> dict:
     "The record of one demo run: its settings and its two pairs of figures."
-    return dict(kind='agent_demo', minutes=minutes, source=source, steps=res['steps'], loss_last=res['loss_last'],
+    return dict(kind='agent_demo', minutes=minutes, source=source, lr=res['lr'], steps=res['steps'], loss_last=res['loss_last'],
                 **{f'{k}_{m}': res[k][m] for k in ('with_tool', 'without_tool') for m in ('answer_accuracy', 'call_validity', 'used_tool')})

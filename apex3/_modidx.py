@@ -92,6 +92,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'apex3.agent.tools.function_schema': ('tools.html#function_schema', 'apex3/agent/tools.py'),
                                    'apex3.agent.tools.get_runner': ('tools.html#get_runner', 'apex3/agent/tools.py'),
                                    'apex3.agent.tools.python_tool': ('tools.html#python_tool', 'apex3/agent/tools.py'),
+                                   'apex3.agent.tools.runner_python': ('tools.html#runner_python', 'apex3/agent/tools.py'),
                                    'apex3.agent.tools.schema_examples': ('tools.html#schema_examples', 'apex3/agent/tools.py'),
                                    'apex3.agent.tools.type_schema': ('tools.html#type_schema', 'apex3/agent/tools.py')},
             'apex3.bench': { 'apex3.bench.HostWatchdog': ('bench.html#hostwatchdog', 'apex3/bench.py'),

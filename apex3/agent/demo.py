@@ -155,7 +155,7 @@ def agent_demo(out, minutes=2.0, ckpt=None, tokenizer=None, n_train=8000, n_test
     model = _model(ckpt, tok)
     losses = finetune(model, [encode_example(tok, t) for t in texts], tok.token_to_id('<|pad|>'), minutes, lr=lr, seed=seed)
     torch.save(model.state_dict(), out / 'model.pt')
-    tool = python_tool(get_runner(backend, timeout=10))
+    tool = python_tool(get_runner(backend, wall_s=10))
     with_tool, runs = evaluate(model, tok, test, tool, trace_dir=out / 'traces')
     without, _ = evaluate(model, tok, test, None, trace_dir=out / 'traces')
     res = dict(lr=lr, steps=len(losses), loss_first=losses[0], loss_last=sum(losses[-20:]) / len(losses[-20:]),

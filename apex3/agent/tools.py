@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['log', 'type_schema', 'function_schema', 'Unit', 'schema_examples', 'Tool', 'RunResult', 'SubprocessRunner',
-           'get_runner', 'python_tool']
+           'get_runner', 'runner_python', 'python_tool']
 
 # %% ../../nbs/61_tools.ipynb #721dedcc
 import inspect, json, logging, re, subprocess, sys, threading, types
@@ -222,21 +222,29 @@ class SubprocessRunner:
         except subprocess.TimeoutExpired as e:
             return RunResult(e.stdout or '', e.stderr or '', -9, True)
 
-def get_runner(backend='bwrap', **limits):
+def get_runner(backend='bwrap', wall_s=10.0, **limits):
     "The sandbox of `backend` when `apex3.agent.sandbox` provides it, else a `SubprocessRunner` with a warning."
     try:
         from apex3.agent.sandbox import get_sandbox
-        return get_sandbox(backend, **limits)
+        return get_sandbox(backend, wall_s=wall_s, **limits)
     except Exception as e:   # the module is absent, or the backend is not installed here
-        log.warning(f'no {backend} sandbox ({type(e).__name__}: {e}); running tool code in a plain subprocess')
-        return SubprocessRunner(limits.get('timeout', 10.0))
+        log.warning(f'no {backend} sandbox ({type(e).__name__}: {e}); running tool code in a plain subprocess, not isolated')
+        return SubprocessRunner(wall_s)
+
+def runner_python(runner) -> str:
+    "The Python a runner can start: this interpreter in a plain subprocess, the system's inside a sandbox."
+    if isinstance(runner, SubprocessRunner): return sys.executable
+    try: from apex3.agent.sandbox import SANDBOX_PYTHON
+    except ImportError: return 'python3'
+    return SANDBOX_PYTHON
 
 # %% ../../nbs/61_tools.ipynb #0d9e0788
 def python_tool(runner=None, timeout=10.0) -> Tool:
     "A `python` tool: run the code in `runner` (default: `get_runner()`), return its output."
-    runner = runner or get_runner(timeout=timeout)
+    runner = runner or get_runner(wall_s=timeout)
+    exe = runner_python(runner)
     def run_python(args):
-        r = runner.run([sys.executable, '-I', '-c', args['code']], timeout=timeout)
+        r = runner.run([exe, '-I', '-c', args['code']], timeout=timeout)
         out = (r.stdout or '') + (r.stderr or '')
         if r.timed_out: return out + f'\nerror: timed out after {timeout:g} s'
         return out + (f'\nexit status {r.exit_code}' if r.exit_code else '')

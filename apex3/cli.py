@@ -16,6 +16,7 @@ COMMANDS = {
     'bench': ('apex3.bench:bench_main', 'time training steps on random tokens (the step-10 benchmark), append a record'),
     'data': ('apex3.data.pipeline:data_main', 'run the data pipeline (run CONFIG | demo | corpus) or one stage'),
     'train': ('apex3.train:train_main', 'train a model on token shards (resumable; torchrun for several GPUs)'),
+    'agent': ('apex3.agent.cli:agent_main', 'the agent runtime: tools|call (MCP), sandbox, replay TRACE, demo'),
     'demo': ('apex3.demo:demo_main', "the README's main job: the headline plan, the data pipeline, a tiny model trained"),
     'generate': ('apex3.generate:generate_main', 'continue a prompt with a trained checkpoint, streaming to stdout'),
 }

@@ -11,7 +11,7 @@ from .usage import ArgParser, run_command
 
 # %% ../nbs/04_demo.ipynb #5c93159e
 DESCRIPTION = ('the headline plan and its plots, the embedded corpus through the data pipeline, '
-               'then a tiny model trained on it')
+               'then a tiny model trained on it, then taught to answer a question with a tool')
 HEADLINE = dict(params='1T', active='32B', tokens='15T', precision='fp8')
 
 def demo_main(argv=()):
@@ -20,6 +20,7 @@ def demo_main(argv=()):
     p.add_argument('--out', default='apex3-demo', help='folder for the plots and the data (default: %(default)s)')
     p.add_argument('--max-files', type=int, help='only the first N library files of the embedded corpus')
     p.add_argument('--minutes', type=float, default=2, help='how long to train the tiny model (default: %(default)s)')
+    p.add_argument('--agent-minutes', type=float, default=1, help='how long to teach it the tool (default: %(default)s)')
     a = p.parse_args(argv)
     from apex3.plan import plan
     from apex3.explore import save_plan_figures
@@ -35,6 +36,9 @@ def demo_main(argv=()):
     from apex3.train import demo_train
     print(f'\ntraining the tiny model on {out / "data"} for about {a.minutes:g} minutes')
     print('\n'.join(summary_lines(demo_train(out / 'train', out / 'data', minutes=a.minutes))))
+    from apex3.agent.demo import agent_demo, demo_lines
+    print(f"\n$ apex3 agent demo --out {out / 'agent'} --minutes {a.agent_minutes:g} --test 5")
+    print('\n'.join(demo_lines(agent_demo(out / 'agent', a.agent_minutes, n_test=5))))
     return 0
 
 # %% ../nbs/04_demo.ipynb #d0000006

@@ -16,13 +16,15 @@ __all__ = ['EOS', 'SPECIAL_TOKENS', 'train_bpe', 'load_tokenizer', 'token_dtype'
 # %% ../../nbs/57_tokenize.ipynb #dc6b32f3
 EOS = '<|endoftext|>'
 SPECIAL_TOKENS = [EOS, '<fim_prefix>', '<fim_middle>', '<fim_suffix>', '<fim_pad>', '<repo_name>', '<file_sep>',
-                  '<|im_start|>', '<|im_end|>', '<|pad|>']
+                  '<|im_start|>', '<|im_end|>', '<|pad|>', '<tool_call>', '</tool_call>', '<tool_response>',
+                  '</tool_response>']
 
-def train_bpe(texts, vocab_size=8192, special_tokens=SPECIAL_TOKENS):
-    "Train a byte-level BPE tokenizer on an iterable of strings (deterministic for a given input order)."
+def train_bpe(texts, vocab_size=8192, special_tokens=SPECIAL_TOKENS, split_digits=False):
+    "Train a byte-level BPE tokenizer on an iterable of strings (deterministic for a given input order); `split_digits`: one token per digit."
     from tokenizers import Tokenizer, models, trainers, pre_tokenizers, decoders
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits: tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), tok.pre_tokenizer])
     tok.decoder = decoders.ByteLevel()
     tr = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False,
                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

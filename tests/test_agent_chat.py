@@ -1,0 +1,38 @@
+"Properties of the chat template and its parsers on generated conversations (hypothesis)."
+from hypothesis import given, settings, strategies as st
+from apex3.agent.chat import parse_chat, parse_stream, join_events, render_chat
+
+_text = st.text(st.characters(blacklist_categories=('Cs',), blacklist_characters='<>'), max_size=30)
+_args = st.dictionaries(st.from_regex(r'[a-z]{1,6}', fullmatch=True), st.one_of(st.integers(), _text, st.booleans()), max_size=3)
+_call = st.builds(lambda n, a: {'type': 'function', 'function': {'name': n, 'arguments': a}},
+                  st.from_regex(r'[a-z_]{1,8}', fullmatch=True), _args)
+
+@st.composite
+def conversations(draw):
+    "A user turn, then rounds of (assistant with calls, one tool result per call), then a final answer."
+    msgs = [{'role': 'user', 'content': draw(_text)}]
+    for _ in range(draw(st.integers(0, 2))):
+        calls = draw(st.lists(_call, min_size=1, max_size=3))
+        msgs.append({'role': 'assistant', 'content': draw(_text.map(str.strip)), 'tool_calls': calls})
+        msgs += [{'role': 'tool', 'name': c['function']['name'], 'content': draw(_text)} for c in calls]
+    msgs.append({'role': 'assistant', 'content': draw(_text)})
+    return msgs
+
+@settings(max_examples=60, deadline=None)
+@given(conversations())
+def test_render_parse_round_trip(msgs):
+    assert parse_chat(render_chat(msgs))[0] == msgs
+
+@settings(max_examples=60, deadline=None)
+@given(conversations(), st.lists(st.integers(1, 7), min_size=1, max_size=50))
+def test_stream_any_split_equals_whole(msgs, sizes):
+    "However the text of a turn is cut into pieces, the events join to what one whole piece gives."
+    text = render_chat(msgs[:2])
+    turn = text[text.rindex('<|im_start|>assistant\n') + len('<|im_start|>assistant\n'):]
+    pieces, i, k = [], 0, 0
+    while i < len(turn):
+        n = sizes[k % len(sizes)]; pieces.append(turn[i:i + n]); i += n; k += 1
+    assert join_events(parse_stream(pieces)) == join_events(parse_stream([turn]))
+    ref = msgs[1]
+    text_out, calls, errors = join_events(parse_stream([turn]))
+    assert errors == [] and calls == [(c['function']['name'], c['function']['arguments']) for c in ref.get('tool_calls', [])]

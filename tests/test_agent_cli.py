@@ -1,0 +1,28 @@
+"`apex3 agent` as a user meets it: a real process, bad input is one stderr line and status 2, a trace replays."
+import json, os, subprocess, sys
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+
+def agent(*args):
+    env = {**os.environ, 'PYTHONPATH': str(ROOT)}
+    return subprocess.run([sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())', 'agent', *map(str, args)], capture_output=True, text=True, env=env)
+
+def test_bad_input_is_one_line(tmp_path):
+    (tmp_path / 'bad.jsonl').write_text('not json\n')
+    for args in (['nope'], ['replay'], ['replay', tmp_path / 'missing.jsonl'], ['replay', tmp_path / 'bad.jsonl'],
+                 ['demo', '--minutes', 'soon']):
+        p = agent(*args)
+        assert p.returncode == 2, (args, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1 and 'Traceback' not in p.stderr, (args, p.stderr)
+
+def test_replay_of_a_real_trace(tmp_path):
+    from apex3.agent.loop import ScriptedModel, run_agent
+    from apex3.agent.tools import SubprocessRunner, python_tool
+    m = ScriptedModel(['<tool_call>\n{"name": "python", "arguments": {"code": "print(2**10)"}}\n</tool_call><|im_end|>',
+                       'It is 1024.<|im_end|>'])
+    run_agent(m, [python_tool(SubprocessRunner())], [{'role': 'user', 'content': '2**10?'}], trace=tmp_path / 't.jsonl')
+    p = agent('replay', tmp_path / 't.jsonl')
+    assert p.returncode == 0 and p.stdout.strip().endswith('replayed 2 turns: identical'), p.stdout + p.stderr
+    recs = [json.loads(l) for l in (tmp_path / 't.jsonl').read_text().splitlines()]
+    assert "'1024\\n'" in p.stdout and recs[1]['results'] == ['1024\n']

@@ -231,6 +231,10 @@ class Session:
     "One conversation in row 0 of a `Generator`'s cache: each turn prefills only the tokens the cache does not hold."
     def __init__(self, gen): self.gen, self.history, self.cached, self.stats = gen, [], 0, []
 
+    def rewind(self, n):
+        "Keep the conversation's first `n` tokens only: the next turn prefills from there (later cache rows are overwritten)."
+        self.history, self.cached = self.history[:n], min(self.cached, n)
+
     def stream(self, new_ids, max_new=64, sampling=Sampling(), stop_ids=(), stop_strings=(), tokenizer=None):
         "Append `new_ids` to the conversation and yield the reply's token ids as they are decoded."
         g = self.gen

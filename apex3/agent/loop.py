@@ -25,19 +25,29 @@ class ScriptedModel:
 
 # %% ../../nbs/65_loop.ipynb #5a146188
 class GreedyModel:
-    "Greedy decoding of an apex3 `Transformer` with `apex3.model.generate`, one piece per token."
-    def __init__(self, model, tok, stop='<|im_end|>'):
-        self.model, self.tok, self.stop_id = model, tok, tok.token_to_id(stop)
+    """Greedy decoding of an apex3 `Transformer` through `apex3.generate`, one piece per token. The conversation's KV
+    cache survives between turns: a turn prefills only the tokens after what its prompt shares with the cache (the
+    re-rendered reply may tokenize differently from the ids the model generated)."""
+    def __init__(self, model, tok, stop='<|im_end|>', max_len=2048, compile=False):
+        from apex3.generate import Generator
+        self.tok, self.stop_id = tok, tok.token_to_id(stop)
+        self.gen = Generator(model, max_len=max_len, max_batch=1, compile=compile)
+        self.session = self.gen.session()
+
     def stream(self, prompt, max_new):
-        import torch
-        from apex3.model import generate
-        ids = self.tok.encode(prompt).ids
-        dev = next(self.model.parameters()).device
-        with torch.no_grad(): out = generate(self.model, torch.tensor([ids], device=dev), max_new, eos_id=self.stop_id)
-        new, done = out[0, len(ids):].tolist(), ''
-        for k in range(1, len(new) + 1):   # decode prefixes: a character split over tokens comes out whole
-            text = self.tok.decode(new[:k], skip_special_tokens=False)
+        ids, s = self.tok.encode(prompt).ids, self.session
+        shared = next((i for i, (a, b) in enumerate(zip(ids, s.history)) if a != b), min(len(ids), len(s.history)))
+        s.rewind(min(shared, len(ids) - 1))   # at least one new token to prefill
+        new, done = [], ''
+        for t in s.stream(ids[len(s.history):], max_new, stop_ids=[self.stop_id]):
+            new.append(t)
+            text = self.tok.decode(new, skip_special_tokens=False)   # a character split over tokens comes out whole
             if not text.endswith('\ufffd'): yield text[len(done):]; done = text
+
+    @property
+    def reuse(self) -> list:
+        "Per turn of the current conversation: tokens prefilled against tokens in context."
+        return [(t['prefilled'], t['context']) for t in self.session.stats]
 
 # %% ../../nbs/65_loop.ipynb #7d4ddc3a
 def assistant_message(events):

@@ -6,8 +6,8 @@
 __all__ = ['COMMANDS', 'main', 'run_cli']
 
 # %% ../nbs/01_cli.ipynb #92817ff3
-import contextlib, importlib, io, sys
-from .usage import UsageError, run_command
+import contextlib, io, sys
+from .usage import commands_usage, load_target, run_command
 
 # %% ../nbs/01_cli.ipynb #c27d7b86
 COMMANDS = {
@@ -21,27 +21,17 @@ COMMANDS = {
     'generate': ('apex3.generate:generate_main', 'continue a prompt with a trained checkpoint, streaming to stdout'),
 }
 
-# %% ../nbs/01_cli.ipynb #e9284b1d
-def _load(target):
-    "Import the function named by a `module:function` string."
-    mod, fn = target.split(':')
-    return getattr(importlib.import_module(mod), fn)
-
-def _usage():
-    rows = '\n'.join(f'  {k:<8}{doc}' for k, (_, doc) in COMMANDS.items())
-    return f'usage: apex3 COMMAND [ARGS]\n\ncommands:\n{rows}\n\n`apex3 COMMAND --help` describes one.'
-
 # %% ../nbs/01_cli.ipynb #b7b7b92a
 def main(argv=None):
     "Entry point of the `apex3` console script."
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ('-h', '--help'):
-        print(_usage()); return 0
+    if not argv or argv[0] in ('-h', '--help'):   # through run_command too: `apex3 | head -1` ends quietly
+        return run_command('apex3', lambda _: print(commands_usage('apex3', COMMANDS)), [])
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"apex3: error: unknown command {name!r} (choose from {', '.join(COMMANDS)})", file=sys.stderr)
         return 2
-    return run_command(name, _load(COMMANDS[name][0]), rest)
+    return run_command(name, lambda argv: load_target(COMMANDS[name][0])(argv), rest)
 
 
 # %% ../nbs/01_cli.ipynb #d7a7abbd

@@ -1,7 +1,7 @@
 """Run chapters in place and store the outputs of their CPU cells (`#| gpu`, `#| slow`, `#| multigpu` skipped), tidy them
 with nbdev-clean, and note in `nbs/outputs.json` which code the outputs came from, so CI can tell stale outputs.
 usage: python tools/run_nb.py nbs/NAME.ipynb [...]"""
-import hashlib, json, subprocess, sys
+import fcntl, hashlib, json, subprocess, sys
 from pathlib import Path
 from nbdev.test import test_nb
 
@@ -15,9 +15,13 @@ def ledger_path(path) -> Path: return Path(path).resolve().parent / 'outputs.jso
 def record(path):
     "Note that the stored outputs of `path` come from its code as it is now."
     led = ledger_path(path)
-    d = json.loads(led.read_text()) if led.exists() else {}
-    d[Path(path).name] = code_hash(path)
-    tmp = led.with_suffix('.tmp'); tmp.write_text(json.dumps(dict(sorted(d.items())), indent=1) + '\n'); tmp.replace(led)
+    with open(led.with_suffix('.lock'), 'w') as lock:   # several runs at once each add their own line
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        d = json.loads(led.read_text()) if led.exists() else {}
+        d[Path(path).name] = code_hash(path)
+        tmp = led.with_suffix('.tmp')
+        tmp.write_text(json.dumps(dict(sorted(d.items())), indent=1) + '\n')
+        tmp.replace(led)
 
 def run_in_place(path) -> bool:
     "Execute the notebook at `path`, write its outputs back when every cell passed; whether it passed."

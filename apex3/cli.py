@@ -18,7 +18,7 @@ COMMANDS = {
     'train': ('apex3.train:train_main', 'train a model on token shards (resumable; torchrun for several GPUs)'),
     'agent': ('apex3.agent.cli:agent_main', 'the agent runtime: tools|call (MCP), sandbox, replay TRACE, demo'),
     'demo': ('apex3.demo:demo_main', "the README's main job: the headline plan, the data pipeline, a tiny model trained"),
-    'generate': ('apex3.generate:generate_main', 'continue a prompt with a trained checkpoint, streaming to stdout'),
+    'generate': ('apex3.generate_cli:generate_main', 'continue a prompt with a trained checkpoint, streaming to stdout'),
 }
 
 # %% ../nbs/01_cli.ipynb #b7b7b92a

@@ -5,8 +5,7 @@ checkpoints, and `--branch-from-diloco` to start an ordinary run from a DiLoCo g
 
 # %% auto #0
 __all__ = ['log', 'add_diloco_flags', 'diloco_key', 'public_args', 'check_diloco_args', 'data_slice', 'build_diloco',
-           'start_diloco', 'maybe_round', 'global_state_dir', 'branch_from_diloco', 'diloco_sweep', 'sweep_table',
-           'plot_sweep']
+           'start_diloco', 'maybe_round', 'global_state_dir', 'branch_from_diloco']
 
 # %% ../nbs/42_diloco_train.ipynb #c1f49d7f
 import logging, os
@@ -136,106 +135,3 @@ def branch_from_diloco(run, path):
     set_weights(run.model, run.opt, glob)
     log.info('branched from DiLoCo state %s', g)
     return g
-
-# %% ../nbs/42_diloco_train.ipynb #ed4e9507
-def _sweep_args(data_dir, micro_bs, seq_len, lr, val_every):
-    from apex3.train import demo_specs, data_meta
-    tr, va = demo_specs(data_dir)
-    m = data_meta(tr[0])
-    return ['--config', 'tiny', '--set', f"vocab_size={m['vocab_size']}", '--eos-id', str(m['eos_id']),
-            '--seq-len', str(seq_len), '--micro-bs', str(micro_bs), '--lr', str(lr), '--device', 'cpu',
-            '--ce-impl', 'torch', '--progress', 'off', '--data', *tr, '--val-data', *va, '--val-every', str(val_every),
-            '--val-batches', '4']
-
-def _launch(argv, env, torchrun=None):
-    import subprocess, sys
-    pre = [sys.executable]
-    if torchrun:
-        pre += ['-m', 'torch.distributed.run', '--nproc_per_node', str(torchrun), '--master_port', str(_free_port())]
-    return subprocess.Popen([*pre, '-m', 'apex3.train', *map(str, argv)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-
-def _free_port():
-    import socket
-    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
-
-def _run_record(name, logs, tokens, bytes_moved, **kw) -> dict:
-    from apex3.train import read_log
-    recs = read_log(logs[0])
-    val = lambda r: sum(v for k, v in r.items() if k.startswith('val_')) / sum(k.startswith('val_') for k in r)
-    scale = len(logs) if kw.pop('per_worker', False) else 1   # a worker's tokens, times the workers
-    curve = [(r['tokens'] * scale, val(r)) for r in recs if any(k.startswith('val_') for k in r)]
-    return dict(kind='diloco_sweep', run=name, tokens=tokens, val_curve=curve, val_final=curve[-1][1],
-                bytes_per_worker=bytes_moved, steps=len(recs), wall_s=sum(r['wall_s'] for r in recs), **kw)
-
-def diloco_sweep(data_dir, out, steps=400, micro_bs=4, seq_len=64, lr=3e-3, val_every=50, Hs=(10, 50, 200),
-                 compress=(('bf16', 50), ('int8', 50)), outer=((0.7, 0.9),), baselines=True,
-                 record='diloco.jsonl') -> list:
-    "One worker, data parallel and DiLoCo runs (for each `outer` lr, momentum) at equal tokens; appends their records."
-    import os
-    from apex3.records import append_records
-    from apex3.config import get_config
-    from apex3.train import read_log
-    out, env = Path(out), {**os.environ, 'OMP_NUM_THREADS': '1'}
-    base, step_tokens = _sweep_args(data_dir, micro_bs, seq_len, lr, val_every), micro_bs * seq_len
-    total = 2 * steps * step_tokens                      # tokens of every run, over its workers
-    n_params = sum(p.numel() for p in __import__('apex3.model', fromlist=['x']).Transformer(
-        get_config('tiny', [base[base.index('--set') + 1]])).parameters())
-    recs = []
-    def finish(*ps):
-        for p in ps:
-            err = p.communicate(timeout=900)[1]
-            if p.returncode: raise RuntimeError(err[-2000:])
-    if baselines:
-        finish(_launch([*base, '--total-tokens', total, '--ckpt-dir', out / 'one'], env))
-        recs.append(_run_record('one worker', [out / 'one' / 'train.jsonl'], total, 0, workers=1))
-        dp = [*base, '--total-tokens', total, '--ckpt-dir', out / 'dp', '--fsdp', '--fsdp-param-dtype', 'fp32']
-        finish(_launch(dp, env, torchrun=2))
-    allreduce = steps * 2 * 2 * (2 - 1) / 2 * 4 * n_params   # FP32 gradients, ring all-reduce: sent + received
-    basis = 'formula: steps x 2 x 2(N-1)/N x 4P (FP32 gradients, ring all-reduce, sent + received)'
-    if baselines:
-        recs.append(_run_record('data parallel', [out / 'dp' / 'train.jsonl'], total, allreduce, workers=2,
-                                bytes_basis=basis))
-    key = os.urandom(16).hex()
-    for (how, H), (olr, mom) in [(x, o) for x in [('fp32', H) for H in Hs] + list(compress) for o in outer]:
-        name = f'DiLoCo H={H} {how}' + ('' if (olr, mom) == (0.7, 0.9) else f' outer {olr:g}/{mom:g}')
-        d = out / name.replace(' ', '_').replace('=', '')
-        flags = lambda r: [*base, '--total-tokens', total // 2, '--ckpt-dir', d / f'ck{r}', '--diloco-workers', 2,
-                           '--diloco-rank', r, '--diloco-dir', d / f'w{r}', '--diloco-peers', d / f'w{1 - r}',
-                           '--diloco-key', key, '--diloco-every', H, '--diloco-compress', how, '--diloco-timeout', 300,
-                           '--diloco-outer-lr', olr, '--diloco-outer-momentum', mom]
-        finish(*[_launch(flags(r), env) for r in (0, 1)])
-        rounds = [r for r in read_log(d / 'ck0' / 'train.jsonl') if 'diloco_round' in r]
-        moved = sum(r['diloco_bytes_sent'] + r['diloco_bytes_received'] for r in rounds)
-        logs = [d / 'ck0' / 'train.jsonl', d / 'ck1' / 'train.jsonl']
-        recs.append(_run_record(name, logs, total, moved, workers=2, every=H, compress=how, rounds=len(rounds),
-                                per_worker=True, ranks_per_round=sorted({len(r['diloco_ranks']) for r in rounds}),
-                                bytes_basis='measured: diloco_bytes_sent + diloco_bytes_received of the step log'))
-    append_records(recs, record)
-    return recs
-
-# %% ../nbs/42_diloco_train.ipynb #d7b8a050
-def sweep_table(recs):
-    "Final validation loss against data parallel's, and bytes per worker against data parallel's, per run."
-    import pandas as pd
-    dp = next(r for r in recs if r['run'] == 'data parallel')
-    rows = [dict(run=r['run'], val_final=r['val_final'], ratio_vs_dp=r['val_final'] / dp['val_final'],
-                 bytes_per_worker=r['bytes_per_worker'],
-                 fewer_bytes_than_dp=dp['bytes_per_worker'] / r['bytes_per_worker'] if r['bytes_per_worker'] else None)
-            for r in recs]
-    return pd.DataFrame(rows).set_index('run')
-
-def plot_sweep(recs):
-    "Validation loss against tokens for every run, and bytes per worker (log scale)."
-    import matplotlib.pyplot as plt
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
-    for r in recs:
-        t, v = zip(*r['val_curve'])
-        a1.plot(t, v, 'o-' if r['run'].startswith('DiLoCo') else 's--', ms=3, lw=1, label=r['run'])
-    a1.set(xlabel='tokens (all workers)', ylabel='validation loss', title='tiny on the embedded corpus, equal tokens')
-    a1.legend(fontsize=7)
-    moved = [r for r in recs if r['bytes_per_worker']]
-    a2.barh([r['run'] for r in moved], [r['bytes_per_worker'] for r in moved], log=True)
-    a2.set(xlabel='bytes moved per worker (log)', title='communication'); fig.tight_layout()
-    plt.close(fig)   # shown once, as the cell's value
-    return fig

@@ -6,8 +6,7 @@
 __all__ = ['log', 'GATHER_TOKENS', 'RECORDS_FILE', 'HBM_BYTES_PER_S', 'METHODS', 'StaticCache', 'query_doc_starts',
            'CachedAttention', 'chosen_experts', 'moe_infer', 'cached_hidden', 'next_doc', 'Sampling', 'filter_logits',
            'sample_next', 'Stopper', 'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin',
-           'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode',
-           'load_for_generation', 'stream_text', 'generate_parser', 'generate_main']
+           'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
 import logging, math, time
@@ -16,7 +15,7 @@ import torch, torch.nn.functional as F
 from .model import Transformer, route, dispatch, swiglu, rope_cos_sin, generate
 from .config import get_config, param_components
 from .records import append_records, load_records, time_fn
-from .usage import ArgParser, UsageError, run_command
+from .usage import UsageError
 
 log = logging.getLogger('apex3.generate')
 
@@ -387,67 +386,3 @@ def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, c
     rec['read_bytes_per_s'] = rec['bytes_per_step'] / step_s
     append_records([rec], RECORDS_FILE)
     return rec
-
-# %% ../nbs/11_generate.ipynb #509cdb6e
-def load_for_generation(ckpt, tokenizer=None, device='cpu'):
-    "(model, tokenizer) of checkpoint `ckpt` (or the latest in a run's `--ckpt-dir`); the tokenizer from its data meta."
-    from argparse import Namespace
-    from pathlib import Path
-    from apex3.ckpt import SUMS, latest_checkpoint, load_checkpoint
-    from apex3.train import checkpoint_model, find_tokenizer
-    path = Path(ckpt)
-    if not path.is_dir(): raise UsageError(f'{ckpt}: no such checkpoint directory')
-    if not (path / SUMS).exists() and (path := latest_checkpoint(path)) is None:
-        raise UsageError(f'{ckpt}: no checkpoint in it')
-    args = load_checkpoint(path, ['args'])['args']
-    if not isinstance(args, dict): raise UsageError(f'{path}: its args component is not a dict of flags')
-    tok = find_tokenizer(Namespace(tokenizer=tokenizer, data=list(args.get('data') or []) or ['']))
-    if tok is None: raise UsageError(f"{path}: its data meta names no tokenizer; pass --tokenizer FILE")
-    return checkpoint_model(path, device).eval(), tok
-
-def stream_text(ids, tok, out):
-    "Write the text of the token ids `ids` yields as it grows, holding back a tail that is not yet whole UTF-8."
-    seen, shown = [], ''
-    for t in ids:
-        seen.append(t)
-        text = tok.decode(seen)
-        if text.startswith(shown) and not text.endswith('\ufffd'):
-            out.write(text[len(shown):]); out.flush()
-            shown = text
-    text = tok.decode(seen)
-    out.write((text[len(shown):] if text.startswith(shown) else '') + '\n')
-
-# %% ../nbs/11_generate.ipynb #bda8d6be
-def generate_parser():
-    p = ArgParser(prog='apex3 generate', description='Continue a prompt with a trained checkpoint, streamed to stdout.')
-    p.add_argument('ckpt', help="a checkpoint directory (tokens-...), or a run's --ckpt-dir for its latest checkpoint")
-    p.add_argument('--prompt', required=True, help='the text to continue')
-    p.add_argument('--max-new', type=int, default=64, help='tokens to generate at most (EOS ends sooner)')
-    p.add_argument('--temperature', type=float, default=0.0, help='0: greedy')
-    p.add_argument('--top-k', type=int, default=None)
-    p.add_argument('--top-p', type=float, default=None)
-    p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--tokenizer', default=None, help="tokenizer file, where the checkpoint's data meta names none")
-    p.add_argument('--device', default='cpu')
-    p.add_argument('--compile', action='store_true', help='compile the decode step (pays off for long generations)')
-    return p
-
-def _generate(argv):
-    import sys
-    a = generate_parser().parse_args(argv)
-    if a.max_new < 1: raise UsageError(f'--max-new must be >= 1, not {a.max_new}')
-    sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
-    model, tok = load_for_generation(a.ckpt, a.tokenizer, a.device)
-    ids = tok.encode(a.prompt)
-    if not ids: raise UsageError('--prompt is empty: nothing to continue')
-    if max(ids) >= model.cfg.vocab_size:
-        raise UsageError(f'the tokenizer gives ids up to {max(ids)}, the model has {model.cfg.vocab_size}')
-    g = Generator(model, max_len=len(ids) + a.max_new, max_batch=1, compile=a.compile)
-    eos = model.cfg.eos_id
-    stream = g.session().stream(ids, a.max_new, sampling, stop_ids=[eos])
-    sys.stdout.write(a.prompt)
-    stream_text((t for t in stream if t != eos), tok, sys.stdout)
-
-def generate_main(argv=None) -> int:
-    "`apex3 generate CKPT --prompt TEXT [...]`: the continuation streamed to stdout."
-    return run_command('generate', _generate, argv)

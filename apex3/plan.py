@@ -412,7 +412,8 @@ def validation_table(mfu=0.4) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index('run').round(3)
 
 # %% ../nbs/00_plan.ipynb #0b6f137c
-LINKS = {'pcie5': 54, 'pcie4': 25, 'gh200-c2c': 346}  # GB/s each way, measured (DESIGN §4)
+# GB/s each way, measured: PCIe 5 on the H200 host (records/link.jsonl), NVLink-C2C on a GH200 (346 of its 450 by spec)
+LINKS = {'pcie5': 54, 'pcie4': 25, 'gh200-c2c': 346}
 
 def link_speed(link) -> float:
     "GB/s each way of a host link given by name (pcie5, pcie4, gh200-c2c) or number."

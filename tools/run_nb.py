@@ -3,7 +3,12 @@ with nbdev-clean, and note in `nbs/outputs.json` which code the outputs came fro
 usage: python tools/run_nb.py nbs/NAME.ipynb [...]"""
 import fcntl, hashlib, json, subprocess, sys
 from pathlib import Path
+import matplotlib
 from nbdev.test import test_nb
+
+# Stored figures stay small enough to read on GitHub (tests/test_outputs.py holds them to it): the chapters run in this
+# process, so their figures take this resolution
+matplotlib.rcParams['figure.dpi'] = 60
 
 def code_hash(path) -> str:
     "SHA-256 of a notebook's code cells, in order: what its outputs depend on besides the package."

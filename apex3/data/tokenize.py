@@ -32,8 +32,12 @@ def train_bpe(texts, vocab_size=8192, special_tokens=SPECIAL_TOKENS, split_digit
     return tok
 
 def load_tokenizer(path):
+    "The `tokenizers` tokenizer saved at `path`; a `UsageError` (one line) when there is none or it does not parse."
     from tokenizers import Tokenizer
-    return Tokenizer.from_file(str(path))
+    from apex3.usage import UsageError
+    if not Path(path).is_file(): raise UsageError(f'{path}: no tokenizer file there')
+    try: return Tokenizer.from_file(str(path))
+    except Exception as e: raise UsageError(f'{path} is not a tokenizer file: {str(e).splitlines()[0][:120]}') from None
 
 def token_dtype(vocab_size): return np.uint16 if vocab_size <= 1 << 16 else np.uint32
 

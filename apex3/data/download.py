@@ -11,10 +11,10 @@ from ..usage import UsageError
 from .core import Stage, run_task, is_done
 
 # %% auto #0
-__all__ = ['log', 'DownloadError', 'sha256_file', 'fetch', 'safe_name', 'read_manifest', 'DownloadStage', 'run_downloads']
+__all__ = ['DownloadError', 'sha256_file', 'fetch', 'safe_name', 'read_manifest', 'DownloadStage', 'run_downloads']
 
 # %% ../../nbs/5d_download.ipynb #e5154de1
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 class DownloadError(UsageError): "A download that failed for good: the URL and why (one line on the command line)."
 
@@ -59,7 +59,7 @@ def fetch(url, dest, sha256=None, timeout=30.0, retries=5, backoff=0.5, chunk=1 
             part.unlink(missing_ok=True); raise
         except (requests.RequestException, ConnectionError) as e: err = f'{type(e).__name__}: {e}'
         if attempt == retries: raise DownloadError(f'{url}: gave up after {retries + 1} attempts ({err})')
-        log.warning(f'{url}: {err}; retrying in {backoff * 2 ** attempt:.1f} s')
+        _log.warning(f'{url}: {err}; retrying in {backoff * 2 ** attempt:.1f} s')
         time.sleep(backoff * 2 ** attempt)
     digest = sha256_file(part)
     if sha256 and digest != sha256.lower():
@@ -113,7 +113,7 @@ def run_downloads(stage, workers=4, progress=True) -> list:
     with cf.ThreadPoolExecutor(workers) as ex, bar:
         for i, f in zip(todo, [ex.submit(run_task, stage, i) for i in todo]):
             try: f.result()
-            except DownloadError as e: failed.append(str(e)); log.warning(str(e))
+            except DownloadError as e: failed.append(str(e)); _log.warning(str(e))
             bar.update()
     if failed: raise DownloadError(f'{len(failed)} of {stage.n_tasks()} downloads failed; first: {failed[0]}')
     return [run_task(stage, i) for i in range(stage.n_tasks())]

@@ -729,6 +729,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'apex3.fp8_experts.bench_inputs': ('fp8_experts.html#bench_inputs', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.cache_nbytes': ('fp8_experts.html#cache_nbytes', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.convert_experts': ('fp8_experts.html#convert_experts', 'apex3/fp8_experts.py'),
+                                   'apex3.fp8_experts.depth_table': ('fp8_experts.html#depth_table', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.fp8_cache_bytes': ('fp8_experts.html#fp8_cache_bytes', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.fp8_experts': ('fp8_experts.html#fp8_experts', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.fp8_experts_ok': ('fp8_experts.html#fp8_experts_ok', 'apex3/fp8_experts.py'),

@@ -736,6 +736,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'apex3.fp8_experts.fp8_offload_plan': ('fp8_experts.html#fp8_offload_plan', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.group_ids': ('fp8_experts.html#group_ids', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.grouped_mm': ('fp8_experts.html#grouped_mm', 'apex3/fp8_experts.py'),
+                                   'apex3.fp8_experts.mfu_bounds': ('fp8_experts.html#mfu_bounds', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.orientations': ('fp8_experts.html#orientations', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.padded_rows': ('fp8_experts.html#padded_rows', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.plot_fp8_records': ('fp8_experts.html#plot_fp8_records', 'apex3/fp8_experts.py'),

@@ -9,7 +9,7 @@ __all__ = ['E4M3', 'E4M3_MAX', 'BACKWARDS', 'PAD', 'ORIENTATIONS', 'EXPERT_TFLOP
            'wgrad_fp8', 'orientations', 'weights_stepped', 'quantized_weights', 'cache_nbytes', 'swiglu_grad_ref',
            'swiglu_grad', 'fp8_experts', 'FP8Experts', 'fp8_experts_ok', 'convert_experts', 'fp8_cache_bytes',
            'set_fp8_cache', 'FP8Layout', 'fp8_offload_plan', 'bench_inputs', 'bench_fp8_experts', 'plot_fp8_records',
-           'depth_table']
+           'depth_table', 'mfu_bounds']
 
 # %% ../nbs/16_fp8_experts.ipynb #1a025a48
 import dataclasses, functools, itertools, logging, os
@@ -397,9 +397,9 @@ def fp8_offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs
 
 # %% ../nbs/16_fp8_experts.ipynb #be92ce0f
 C_EXPERTS = dict(rows=196_608, experts=64, hidden=2560, ffn=1280, top_k=4)
-# (backward, fast accumulation, weight cache): the last casts the weights in every forward + backward
+# (backward, fast accumulation, weight cache): the last two cast the weights in every forward + backward
 FP8_VARIANTS = (('mixed', True, True), ('mixed', False, True), ('bf16', True, True), ('fp8', True, True),
-                ('mixed', True, False))
+                ('mixed', True, False), ('bf16', True, False))
 RECORDS = 'fp8_experts.jsonl'   # under records/
 
 def bench_inputs(rows, experts, hidden, ffn, top_k=4, device='cuda', seed=0):
@@ -462,9 +462,10 @@ def plot_fp8_records(path=RECORDS):
     ax.set_xlabel('ms, forward + backward')
     ax.set_title(f"routed experts at C's shapes, {recs[0].get('device', '')}")
     fig.tight_layout()
+    plt.close(fig)                                     # shown once, as the cell's value
     return fig
 
-# %% ../nbs/16_fp8_experts.ipynb #440b23ac
+# %% ../nbs/16_fp8_experts.ipynb #e89b2b04
 def depth_table(path='bench.jsonl', n_layers=14, config='C'):
     "The training benchmark's records of `config` at `n_layers` layers: flags that matter here, outcome and MFU."
     import pandas as pd
@@ -480,4 +481,24 @@ def depth_table(path='bench.jsonl', n_layers=14, config='C'):
                          step_s=r.get('step_s_median'), mfu_micro=r.get('mfu_micro'),
                          mfu_at_batch=r.get('mfu_at_batch')))
     return pd.DataFrame(rows).round(3)
+
+
+# %% ../nbs/16_fp8_experts.ipynb #4081c6aa
+def mfu_bounds(rec, saved_s=()):
+    """What bounds the MFU at the batch of a one-GPU offload `bench` record: its micro-batches and its exposed optimizer
+    step, the step's bytes on the host link and their floor at the run's own link speed, and the MFU with the step at
+    that floor, less each of `saved_s` seconds a micro-batch, and with the step hidden."""
+    from apex3.config import ModelConfig, param_counts
+    from apex3.plan import _per_param
+    cfg, accum, micro = ModelConfig(**rec['cfg']), rec['flags']['accum'], rec['micro_s_median']
+    counts = param_counts(cfg)
+    up, down = _per_param(cfg, counts, rec['flags']['offload_accum'])
+    host_params = counts['total'] - rec['opt_gpu_gib'] * GiB / up
+    step_gb = max(up, down) * host_params / 1e9
+    floor = step_gb / min(rec['h2d_gbs'], rec['d2h_gbs'])          # both directions at once, each at full speed
+    work = rec['mfu_at_batch'] * rec['step_s_median']               # the step's FLOPs, in seconds at the peak
+    out = dict(micro_s=micro, optimizer_s=rec['step_s_median'] - accum * micro, step_gb=step_gb, floor_s=floor,
+               mfu_at_batch=rec['mfu_at_batch'], mfu_floor=work / (accum * micro + floor))
+    for s in saved_s: out[f'mfu_floor_less_{s * 1e3:.0f}ms'] = work / (accum * (micro - s) + floor)
+    return out | dict(mfu_hidden=work / (accum * micro))
 

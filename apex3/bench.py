@@ -34,6 +34,8 @@ def add_run_flags(p):
     p.add_argument('--fp8-recipe', choices=['rowwise', 'tensorwise'], help='overrides the recipe of --precision')
     p.add_argument('--fp8-experts', default='mixed', choices=['mixed', 'fp8', 'bf16', 'off', 'torchao'],
                    help='with --precision fp8_*: FP8 routed experts, their backward GEMMs (off: bf16 experts)')
+    p.add_argument('--fp8-cache', default='on', help='with FP8 experts: on, off, or how many layers keep their e4m3 '
+                   'weights from one optimizer step to the next (the others cast them at each use)')
     p.add_argument('--ce-impl', default='triton', choices=['triton', 'torch'])
     p.add_argument('--ce-chunk', type=int, default=4096, help='tokens per cross-entropy chunk')
     p.add_argument('--recompute', default='none', choices=['none', 'selective', 'full'])
@@ -123,6 +125,7 @@ class Run:
     def __init__(self, a):
         from apex3.model import Transformer
         from apex3.kernels import apply_fp8, fused_linear_cross_entropy
+        from apex3.fp8_experts import set_fp8_cache
         from apex3.optim import build_optimizer
         from apex3.offload import OffloadOptimizer, ActivationOffload, PinnedPool, gemm_offload_hooks, host_available_bytes
         self.a, self.cfg, self.device = a, run_config(a), torch.device(a.device)
@@ -134,6 +137,7 @@ class Run:
         self.model.attention_backend(self.device)  # logs any fallback once, up front
         experts = None if a.fp8_experts == 'off' else a.fp8_experts
         self.precision = apply_fp8(self.model, a.precision, a.fp8_recipe, experts, device=self.device)
+        set_fp8_cache(self.model, a.fp8_cache)
         apply_recompute(self.model, a.recompute)
         if a.compile_blocks: compile_blocks(self.model)
         self.host_setup.append(dict(phase='model', **host_memory()))

@@ -539,9 +539,10 @@ def _offload_times(c, counts, gpu, micro_bs, offloaded, accum_on, link_gbs, kern
 # %% ../nbs/00_plan.ipynb #4076adc5
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=None,
                  kernel_eff=KERNEL_EFF, layers=None, offload_accum=None, act_offload=None, offload_gpu_gib=None,
-                 host_accum_per_s=HOST_ACCUM_PER_S) -> OffloadPlan:
+                 host_accum_per_s=HOST_ACCUM_PER_S, reserve_gib=0.0) -> OffloadPlan:
     """Plan one-GPU training with host offload: the most layers whose memory fits GPU and host (fewer if the host is short),
-    then the fastest flags at that depth; memory on both sides, step time, and the flags."""
+    then the fastest flags at that depth; memory on both sides, step time, and the flags. `reserve_gib`: GPU memory held
+    beside what this plan counts (the FP8 experts' weight cache, chapter 16)."""
     from apex3.config import get_config, param_counts
     from dataclasses import replace
     if act_offload is not None and act_offload < 0: raise UsageError(f'--act-offload counts tensors: at least 0, not {act_offload}')
@@ -552,7 +553,9 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
 
     def flagged(c, n, accum_on, act_n, act_budget):
         "The plan of `c` with these flags, keeping whole GiB of optimizer state where the GPU has room (unless told)."
-        budgets = functools.partial(_offload_budgets, c, n, g, micro_bs, act_budget, accum_on, act_offload=act_n)
+        def budgets(**kw):
+            gpu_b, *rest = _offload_budgets(c, n, g, micro_bs, act_budget, accum_on, act_offload=act_n, **kw)
+            return gpu_b + reserve_gib * GiB, *rest
         keep = offload_gpu_gib if offload_gpu_gib is not None else max(0, math.floor((gpu_budget - budgets()[0] / GiB) / 1.05))
         gpu_b, host_b, off, kept = budgets(resident_gib=keep)   # kept state is off the host, and off the link
         room = gpu_b / GiB + PRELOAD_GIB + GPU_HEADROOM_GIB <= g.mem_gb   # for `preload`'s ring beside the run's peak

@@ -20,7 +20,8 @@ def demo_main(argv=()):
     p.add_argument('--out', default='apex3-demo', help='folder for the plots and the data (default: %(default)s)')
     p.add_argument('--max-files', type=int, help='only the first N library files of the embedded corpus')
     p.add_argument('--minutes', type=float, default=1.5, help='how long to train the tiny model (default: %(default)s)')
-    p.add_argument('--agent-minutes', type=float, default=1.5, help='how long to teach it the tool (default: %(default)s)')
+    p.add_argument('--agent-minutes', type=float, default=1.5,
+                   help='how long to teach it the tool (default: %(default)s)')
     a = p.parse_args(argv)
     from apex3.plan import plan
     from apex3.explore import save_plan_figures

@@ -12,7 +12,7 @@ from ..usage import UsageError, commands_usage, load_target
 AGENT_COMMANDS = {
     'tools': ('apex3.agent.mcp:tools_main', "list an MCP server's tools as JSON (--mcp 'CMD ARGS' or --mcp-url URL)"),
     'call': ('apex3.agent.mcp:call_main', "call one tool of an MCP server: --mcp 'CMD ARGS' TOOL 'JSON-ARGS'"),
-    'sandbox': ('apex3.agent.sandbox:sandbox_main', 'run one command in the sandbox: [--backend bwrap|docker] -- CMD ...'),
+    'sandbox': ('apex3.agent.sandbox:sandbox_main', 'run one command in the sandbox: [--backend bwrap|docker] -- CMD'),
     'replay': ('apex3.agent.loop:replay_main', 'replay an agent trace (JSONL) and check it is identical'),
     'demo': ('apex3.agent.demo:demo_main', 'fine-tune a tiny model to call a python tool, then measure it'),
 }
@@ -22,7 +22,8 @@ def agent_main(argv=()):
     "`apex3 agent COMMAND [ARGS]`: run one agent subcommand."
     argv = list(argv)
     if not argv or argv[0] in ('-h', '--help'):
-        print(commands_usage('apex3 agent', AGENT_COMMANDS)); return 0
+        print(commands_usage('apex3 agent', AGENT_COMMANDS))
+        return 0
     if argv[0] not in AGENT_COMMANDS:
         raise UsageError(f"unknown agent command {argv[0]!r} (choose from {', '.join(AGENT_COMMANDS)})")
     return load_target(AGENT_COMMANDS[argv[0]][0])(argv[1:])

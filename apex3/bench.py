@@ -212,6 +212,7 @@ def _one_step(run, gen, dog, step, last) -> dict:
     out['step_s'] = time.perf_counter() - t_step
     return out
 
+# %% ../nbs/25_bench.ipynb #cca0b754
 def _timed_steps(run, b, dog, gen) -> dict:
     "Warm-up steps, then the timed ones: their figures, the counters at the first timed one, the last one's memory."
     dev, t = run.device, dict(micro_s=[], step_s=[], opt=[], losses=[])

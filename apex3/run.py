@@ -9,7 +9,7 @@ __all__ = ['setting_field', 'ModelSettings', 'PrecisionSettings', 'CompileSettin
            'mark_gemms', 'status_gib', 'host_memory', 'check_host_memory', 'Run', 'last_micro_starts', 'micro_step',
            'optimizer_step']
 
-# %% ../nbs/24_run.ipynb #e7c1d54b
+# %% ../nbs/24_run.ipynb #d743c45a
 import argparse, contextlib, dataclasses, functools, typing
 from dataclasses import dataclass, field
 import torch
@@ -18,14 +18,14 @@ from .usage import UsageError
 from .config import get_config, param_counts, ATTN_BACKENDS
 from .records import GiB
 
-# %% ../nbs/24_run.ipynb #c547aa11
+# %% ../nbs/24_run.ipynb #f14096cd
 def setting_field(default=None, help=None, choices=None, metavar=None, factory=None):
     "A settings field that carries its flag's help text, choices and metavar (a `factory` for mutable defaults)."
     meta = dict(help=help, choices=choices, metavar=metavar)
     if factory is not None: return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
 
-# %% ../nbs/24_run.ipynb #a20e0a38
+# %% ../nbs/24_run.ipynb #375e562c
 @dataclass(frozen=True)
 class ModelSettings:
     "The model config, its overrides, and the shape of a batch."
@@ -55,7 +55,7 @@ class CompileSettings:
                                    ('none', 'selective', 'full'))
     compile_blocks: bool = setting_field(False, 'torch.compile each block')
 
-# %% ../nbs/24_run.ipynb #a5d79681
+# %% ../nbs/24_run.ipynb #9d1bdff0
 @dataclass(frozen=True)
 class OffloadSettings:
     "What lives in host memory: FP32 masters, optimizer state and gradients, and saved activations."
@@ -92,7 +92,7 @@ class RunSettings:
     seed: int = setting_field(0, 'seed of the initial weights and of the rows drawn')
     device: str = setting_field(help='cpu, cuda or cuda:N (default: cuda where there is one)', factory=_default_device)
 
-# %% ../nbs/24_run.ipynb #9fd1a6b7
+# %% ../nbs/24_run.ipynb #e8d55d99
 def _flag_options(f, hint) -> dict:
     "argparse keywords of one settings field, from its type, default and metadata."
     kw = {k: v for k, v in f.metadata.items() if v is not None}
@@ -115,7 +115,7 @@ def add_run_flags(p):
     "The model and runtime flags shared by `apex3.bench` and `apex3.train`: one per field of `RunSettings`."
     return add_settings_flags(p, RunSettings)
 
-# %% ../nbs/24_run.ipynb #8e144122
+# %% ../nbs/24_run.ipynb #929a8ffe
 def settings_from_flags(cls, flags):
     "Settings of class `cls` from a flat `{flag name: value}` mapping; fields it lacks keep their defaults."
     hints, kw = typing.get_type_hints(cls), {}
@@ -138,7 +138,7 @@ def run_flags(s) -> dict:
         out |= run_flags(v) if dataclasses.is_dataclass(v) else {f.name: v}
     return out
 
-# %% ../nbs/24_run.ipynb #36e49ea5
+# %% ../nbs/24_run.ipynb #6ea0e5ec
 def _check_offload(o: OffloadSettings, recompute: str):
     if o.act_offload < 0: raise UsageError(f'--act-offload counts tensors: at least 0, not {o.act_offload}')
     for name in ('offload_gpu_gib', 'offload_accum_gpu_gib'):
@@ -169,7 +169,7 @@ def check_run_settings(s: RunSettings):
     _check_offload(s.offload, s.compile.recompute)
     _check_device(s.device)
 
-# %% ../nbs/24_run.ipynb #5293a9be
+# %% ../nbs/24_run.ipynb #ecf10493
 def run_config(s: RunSettings):
     "The model config of the settings: `--config`, `--set`, and the settings that are config fields."
     m = s.model
@@ -183,7 +183,7 @@ def micro_flops(cfg, micro_bs):
     attn = 12 * cfg.n_layers * cfg.n_heads * cfg.head_dim * cfg.seq_len
     return (6 * n['active_matmul'] + attn) * micro_bs * cfg.seq_len
 
-# %% ../nbs/24_run.ipynb #48d44712
+# %% ../nbs/24_run.ipynb #c294e972
 def _checkpointed(fn):
     "`fn` recomputed in the backward pass instead of keeping its activations."
     @functools.wraps(fn)
@@ -207,7 +207,7 @@ def mark_gemms(model):
     for m in model.modules():
         if isinstance(m, Experts): m._apex3_gemm = True
 
-# %% ../nbs/24_run.ipynb #4c1513ee
+# %% ../nbs/24_run.ipynb #643058d7
 def status_gib(field='VmRSS') -> float:
     "A memory field of /proc/self/status in GiB (VmRSS resident now, VmHWM its peak); 0 where /proc is missing."
     try: return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(field + ':')) * 1024 / GiB
@@ -222,7 +222,7 @@ def host_memory() -> dict:
         if pinned is not None: out['torch_pinned'] = pinned / GiB
     return out
 
-# %% ../nbs/24_run.ipynb #4104cd5e
+# %% ../nbs/24_run.ipynb #2004ecbe
 def _device_memory(device):
     return torch.cuda.get_device_properties(device).total_memory if device.type == 'cuda' else 16 * GiB
 
@@ -241,7 +241,7 @@ def check_host_memory(s: RunSettings, cfg, device):
                          f'layers and {have:.0f} GiB are available: use fewer layers (`apex3 plan --config {cfg.name} '
                          '--host-gib N` says how many fit) or --offload-accum gpu')
 
-# %% ../nbs/24_run.ipynb #8f9c8db9
+# %% ../nbs/24_run.ipynb #8bb1bb18
 def _optimizer(model, s: RunSettings):
     "The host optimizer of `--offload`, else the GPU one (chapter `30_optim`)."
     from apex3.optim import build_optimizer
@@ -264,7 +264,7 @@ def _activation_offload(model, o: OffloadSettings, device):
         gemm_offload_hooks(model, act)
     return act
 
-# %% ../nbs/24_run.ipynb #5263c38b
+# %% ../nbs/24_run.ipynb #78ed26f5
 class Run:
     "A model, its optimizer and its offload machinery, built from `RunSettings`."
     def __init__(self, s: RunSettings):
@@ -292,7 +292,7 @@ class Run:
                                          z_parts=self.z_parts)
         self.act = _activation_offload(self.model, s.offload, self.device)
 
-# %% ../nbs/24_run.ipynb #02a5855a
+# %% ../nbs/24_run.ipynb #b4cdedd5
 def _act_scope(run):
     if run.act is None or run.settings.offload.gemm_offload == 'hooks': return contextlib.nullcontext()
     return run.act.hooks()

@@ -235,6 +235,7 @@ def _poisoned(fn):
     def loss(*args, **kw): return fn(*args, **kw) * float('nan')
     return loss
 
+# %% ../nbs/70_train.ipynb #bd4218d6
 def doc_overflow_count(batches, cfg):
     "Device scalar: documents, over these micro-batches, beyond the `max_docs` slots of their rows' `cu_seqlens`."
     from apex3.model import doc_overflow
@@ -252,6 +253,7 @@ def warn_repeats(epochs):
         if e > 1: warn_once(f'data source {n!r} is read a second time: a small corpus for this many tokens '
                             '(`epochs` in the step log counts the passes)')
 
+# %% ../nbs/70_train.ipynb #390e07b5
 def _micro_batches(run, batches):
     """The micro-batches; under FSDP (when `defer_sync`), gradients are reduce-scattered after the last one only, and
     before the last an offloaded optimizer starts loading its first chunks (`last_micro_starts`)."""
@@ -341,6 +343,7 @@ def find_tokenizer(a):
     if m.get('tokenizer') and (p := Path(m['folder']) / m['tokenizer']).exists(): return HFTokenizer(p)
     return None
 
+# %% ../nbs/70_train.ipynb #46abb431
 def load_probe(path) -> list:
     "(prompt, answer) pairs of a probe JSONL."
     return [(r['prompt'], str(r['answer'])) for r in map(json.loads, Path(path).read_text().splitlines()) if r]
@@ -414,6 +417,7 @@ def _gather(obj, d):
     dist.all_gather_object(out, obj)
     return out
 
+# %% ../nbs/70_train.ipynb #8794c25a
 def save_state(run, loader, st, d):
     "Write a checkpoint of everything the next step depends on; returns its path (rank 0) or None."
     from apex3.ckpt import save_checkpoint, rng_state
@@ -532,6 +536,7 @@ def _should_stop(a, st, sched, t0, d=None, device='cpu'):
         late = bool(t.item())
     return late
 
+# %% ../nbs/70_train.ipynb #d268eee6
 def train(a) -> int:
     "Run (or resume) training as the flags say; the exit status."
     d = init_distributed(a)
@@ -559,6 +564,7 @@ def _train(a, d):
     if run.diloco is not None: start_diloco(run, st, resumed)
     return loop(run, loader, val, sched, st, d)
 
+# %% ../nbs/70_train.ipynb #d62622dc
 def _probe_setup(a, d):
     if not a.arith_probe: return None, None
     tok = find_tokenizer(a)
@@ -667,6 +673,7 @@ def demo_specs(data_dir, weights=(('code', 0.7), ('prose', 0.3))):
         val.append(f'{name}={shards[-1]}')
     return train, val
 
+# %% ../nbs/70_train.ipynb #1be70feb
 def measure_tokens_per_s(argv, steps=3) -> float:
     "Tokens per second of the run `argv` describes, timed over `steps` steps on random tokens after one warm-up step."
     a = train_parser().parse_args([*argv, '--total-tokens', '1'])
@@ -679,6 +686,7 @@ def measure_tokens_per_s(argv, steps=3) -> float:
         optimizer_step(run)
     return steps * m.accum * m.micro_bs * cfg.seq_len / (time.perf_counter() - t0)
 
+# %% ../nbs/70_train.ipynb #5fee6c31
 def checkpoint_model(path, device='cpu'):
     "The model a checkpoint holds, unsharded, built from the flags it was written with (`UsageError` if they misfit)."
     from apex3.ckpt import load_checkpoint
@@ -700,6 +708,7 @@ def sample(ckpt_dir, tok, prompt='def ', max_new=48, device='cpu') -> str:
     ids = tok.encode(prompt)
     return prompt + tok.decode(Generator(model, len(ids) + max_new, 1, compile=False).generate([ids], max_new)[0])
 
+# %% ../nbs/70_train.ipynb #fe494f2c
 def demo_train(out_dir, data_dir, minutes=2.0, micro_bs=8, seq_len=128, lr=3e-3, extra=()) -> dict:
     """Train `tiny` on the embedded corpus in `data_dir` on CPU for about `minutes`; write checkpoints, log and plots
     into `out_dir`."""

@@ -48,3 +48,9 @@ def test_no_import_cycle():
 
 def test_cli_only_dispatches():
     assert import_graph()['apex3.cli'] <= {'apex3.usage'}
+
+def test_trainer_and_benchmark_share_the_run_module():
+    "Both build their run from `apex3.run`; the trainer does not depend on the benchmark."
+    graph = import_graph()
+    assert 'apex3.bench' not in graph['apex3.train'], graph['apex3.train']
+    assert 'apex3.run' in graph['apex3.train'] and 'apex3.run' in graph['apex3.bench']

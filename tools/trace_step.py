@@ -20,8 +20,9 @@ for name, label in (('_issue_early', 'issue early chunk'), ('_gradient_final', '
     if hasattr(O.OffloadOptimizer, name): labelled(O.OffloadOptimizer, name, label)
 
 out, a = sys.argv[1], B.bench_parser().parse_args(sys.argv[2:])
-B.check_run_flags(a)
-run = B.Run(a); gen = torch.Generator().manual_seed(a.seed)
+settings = B.settings_from_args(a)   # the run's settings; --warmup and the rest stay the tool's
+B.check_run_settings(settings)
+run = B.Run(settings); gen = torch.Generator().manual_seed(a.seed)
 prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.device.type == 'cuda' else []))
 
 def one_step(traced):

@@ -4,9 +4,10 @@
 
 # %% ../../nbs/52_clean.ipynb #d1ed2bd1
 from __future__ import annotations
-import re
-from collections import Counter
+import bisect, re
+import numpy as np
 from .core import Document, Step
+from .decontaminate import split_hashes, ngram_hashes
 
 # %% auto #0
 __all__ = ['STOP_WORDS', 'TERMINAL', 'POLICY', 'GENERATED', 'words_of', 'GopherQuality', 'top_ngram_chars', 'dup_ngram_chars',
@@ -20,6 +21,12 @@ def words_of(text) -> list:
 
 STOP_WORDS = frozenset('the be to of and that have with'.split())
 TERMINAL = ('.', '!', '?', '"', "'", '”', '’', '…', ':')
+_LETTERISH = re.compile(r'[^\W\d_]')  # letters, and the few digits and numerals that are not decimal
+
+def _has_letter(w) -> bool:
+    "Whether `w` has a character with `str.isalpha`: one regex search, a character loop only past a numeral."
+    m = _LETTERISH.search(w)
+    return m is not None and (m.group().isalpha() or any(c.isalpha() for c in w))
 
 # %% ../../nbs/52_clean.ipynb #1966981d
 class GopherQuality(Step):
@@ -40,8 +47,8 @@ class GopherQuality(Step):
         lines = [l for l in text.splitlines() if l.strip()] or ['']
         if sum(l.lstrip().startswith(('•', '-', '*', '‣', '◦')) for l in lines) / len(lines) > self.max_bullet_lines_ratio: return 'gopher_bullet_lines'
         if sum(l.rstrip().endswith(('...', '…')) for l in lines) / len(lines) > self.max_ellipsis_lines_ratio: return 'gopher_ellipsis_lines'
-        if sum(any(c.isalpha() for c in w) for w in words) / n < self.min_alpha_words_ratio: return 'gopher_alpha_words'
-        if len(STOP_WORDS.intersection(w.lower() for w in words)) < self.min_stop_words: return 'gopher_stop_words'
+        if sum(map(_has_letter, words)) / n < self.min_alpha_words_ratio: return 'gopher_alpha_words'
+        if len(STOP_WORDS.intersection(map(str.lower, words))) < self.min_stop_words: return 'gopher_stop_words'
         return doc
 
 # %% ../../nbs/52_clean.ipynb #c689928d
@@ -49,24 +56,40 @@ def _dup_stats(items):
     "(number of elements that repeat an earlier one, characters in them)."
     seen, n, chars = set(), 0, 0
     for x in items:
-        if x in seen: n += 1; chars += len(x)
+        if x in seen:
+            n += 1
+            chars += len(x)
         else: seen.add(x)
     return n, chars
 
-def top_ngram_chars(words, n):
-    "Characters covered by the most frequent n-gram (its length times its count; 0 if nothing repeats)."
-    c = Counter(zip(*(words[i:] for i in range(n))))
-    if not c: return 0
-    g, k = c.most_common(1)[0]
-    return len(' '.join(g)) * k if k > 1 else 0
+def _grams(h, lens, n) -> tuple:
+    "Hash and character length (tokens joined by one space) of every `n`-gram of token hashes `h`."
+    c = np.concatenate([[0], np.cumsum(lens)])
+    return ngram_hashes(h, n), c[n:] - c[:-n] + (n - 1)
 
-def dup_ngram_chars(words, n):
+def top_ngram_chars(h, lens, n) -> int:
+    "Characters covered by the most frequent n-gram (its length times its count; 0 if nothing repeats)."
+    g, glen = _grams(h, lens, n)
+    if not len(g): return 0
+    _, first, count = np.unique(g, return_index=True, return_counts=True)
+    k = count.max()  # ties go to the n-gram seen first, as `Counter.most_common` breaks them
+    return int(glen[first[count == k].min()]) * int(k) if k > 1 else 0
+
+def dup_ngram_chars(h, lens, n) -> int:
     "Characters in n-grams that repeat an earlier n-gram, scanning without overlap (datatrove's rule)."
-    seen, chars, i = set(), 0, 0
-    while i < len(words) - n + 1:
-        g = ' '.join(words[i:i+n])
-        if g in seen: chars += len(g); i += n
-        else: seen.add(g); i += 1
+    g, glen = _grams(h, lens, n)
+    if not len(g): return 0
+    _, first, inv = np.unique(g, return_index=True, return_inverse=True)
+    first = first[inv]
+    chars, nxt, skips, seen_again = 0, 0, [], set()
+    for j in np.flatnonzero(first != np.arange(len(g))).tolist():  # only repeats can count
+        if j < nxt: continue  # inside the n-gram just counted
+        f, k = int(first[j]), bisect.bisect_right(skips, int(first[j])) - 1
+        if inv[j] in seen_again or not (k >= 0 and f < skips[k] + n - 1):  # an earlier copy was scanned
+            chars, nxt = chars + int(glen[j]), j + n
+            skips.append(j + 1)
+        else: nxt = j + 1
+        seen_again.add(inv[j])
     return chars
 
 class GopherRepetition(Step):
@@ -86,11 +109,11 @@ class GopherRepetition(Step):
         n, c = _dup_stats(lines)
         if lines and n / len(lines) > self.dup_line_frac: return 'dup_line_frac'
         if c / L > self.dup_line_char_frac: return 'dup_line_char_frac'
-        words = text.split()
+        h, lens = split_hashes(text)
         for k, t in self.top_ngrams:
-            if top_ngram_chars(words, k) / L > t: return f'top_{k}_gram'
+            if top_ngram_chars(h, lens, k) / L > t: return f'top_{k}_gram'
         for k, t in self.dup_ngrams:
-            if dup_ngram_chars(words, k) / L > t: return f'duplicated_{k}_grams'
+            if dup_ngram_chars(h, lens, k) / L > t: return f'duplicated_{k}_grams'
         return doc
 
 # %% ../../nbs/52_clean.ipynb #1dc8b008

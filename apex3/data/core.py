@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Iterable
-import zstandard
+import orjson, zstandard
 from .scrub import redacted_preview
 
 # %% auto #0
@@ -25,10 +25,16 @@ class Document:
     text: str
     meta: dict = field(default_factory=dict)
 
-    def to_json(self): return json.dumps({'id': self.id, 'text': self.text, 'meta': self.meta}, ensure_ascii=False)
+    def to_json(self) -> str:
+        d = {'id': self.id, 'text': self.text, 'meta': self.meta}
+        try: return orjson.dumps(d).decode()
+        except TypeError: return json.dumps(d, ensure_ascii=False)  # lone surrogates, integers over 64 bits
 
     @classmethod
-    def from_json(cls, line): d = json.loads(line); return cls(d['id'], d['text'], d.get('meta', {}))
+    def from_json(cls, line):
+        try: d = orjson.loads(line)
+        except orjson.JSONDecodeError: d = json.loads(line)  # the same cases, or the error for a bad line
+        return cls(d['id'], d['text'], d.get('meta', {}))
 
     @property
     def nbytes(self): return len(self.text.encode('utf-8', 'surrogatepass'))
@@ -36,10 +42,14 @@ class Document:
 # %% ../../nbs/50_data.ipynb #0e0c1f6b
 def atomic_write_bytes(path, data: bytes):
     "Write `data` to `path` through a temporary file and a rename, so `path` is either absent or whole."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
     try:
-        with os.fdopen(fd, 'wb') as f: f.write(data); f.flush(); os.fsync(f.fileno())
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp): os.unlink(tmp)
@@ -47,15 +57,16 @@ def atomic_write_bytes(path, data: bytes):
 
 def write_jsonl_zst(path, rows: Iterable[str]) -> int:
     "Atomically write lines of JSON as a zstandard-compressed file; return the line count."
-    buf, n = io.StringIO(), 0
-    for r in rows: buf.write(r); buf.write('\n'); n += 1
-    atomic_write_bytes(path, zstandard.ZstdCompressor(level=3).compress(buf.getvalue().encode('utf-8', 'surrogatepass')))
-    return n
+    rows = list(rows)
+    data = ''.join(r + '\n' for r in rows).encode('utf-8', 'surrogatepass')
+    atomic_write_bytes(path, zstandard.ZstdCompressor(level=3).compress(data))
+    return len(rows)
 
 def read_jsonl_zst(path) -> Iterator[str]:
-    "Lines of a zstandard-compressed JSONL file."
+    "Lines of a zstandard-compressed JSONL file (a shard is read whole: stages write shards of bounded size)."
     with open(path, 'rb') as f, zstandard.ZstdDecompressor().stream_reader(f) as r:
-        yield from (l for l in io.TextIOWrapper(r, encoding='utf-8', errors='surrogatepass') if l.strip())
+        text = r.read().decode('utf-8', 'surrogatepass')
+    yield from (l for l in text.split('\n') if l and not l.isspace())
 
 def write_docs(path, docs: Iterable[Document]) -> int: return write_jsonl_zst(path, (d.to_json() for d in docs))
 def read_docs(path) -> Iterator[Document]: return (Document.from_json(l) for l in read_jsonl_zst(path))

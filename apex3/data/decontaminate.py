@@ -6,12 +6,12 @@
 from __future__ import annotations
 import gzip, json, re
 from dataclasses import dataclass
-import numpy as np, xxhash
+import numpy as np
 from .core import Document, Step
 
 # %% auto #0
-__all__ = ['WORD_RE', 'words_lower', 'word_hashes', 'ngram_hashes', 'Benchmark', 'humaneval_prompts', 'jsonl_prompts',
-           'Decontaminate']
+__all__ = ['WORD_RE', 'words_lower', 'ngram_hashes', 'span_hashes', 'text_word_hashes', 'split_hashes', 'Benchmark',
+           'humaneval_prompts', 'jsonl_prompts', 'Decontaminate']
 
 # %% ../../nbs/53_decontaminate.ipynb #fa7b5987
 WORD_RE = re.compile(r'\w+')
@@ -19,24 +19,69 @@ _P = np.uint64(0x100000001B3)  # FNV prime: any odd multiplier spreads the windo
 
 def words_lower(text) -> list: return WORD_RE.findall(text.lower())
 
-def word_hashes(words) -> np.ndarray:
-    "A 64-bit xxhash per word."
-    return np.fromiter((xxhash.xxh64_intdigest(w.encode()) for w in words), np.uint64, len(words))
-
 def _mix64(x):
     "splitmix64 finaliser: spreads every input bit over the output (vectorised, wrapping arithmetic)."
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
 
-def ngram_hashes(words, n) -> np.ndarray:
-    "64-bit hashes of every window of `n` consecutive words (empty if fewer than `n` words)."
-    w = word_hashes(words)
+def ngram_hashes(w, n) -> np.ndarray:
+    "64-bit hashes of every window of `n` consecutive word hashes `w` (empty if fewer than `n` words)."
     if len(w) < n: return np.zeros(0, np.uint64)
     h = np.zeros(len(w) - n + 1, np.uint64)
     with np.errstate(over='ignore'):
         for j in range(n): h = h * _P + w[j:len(w) - n + 1 + j]
         return _mix64(h)
+
+# %% ../../nbs/53_decontaminate.ipynb #53c00001
+_WORD_ASCII = np.array([chr(c).isalnum() or c == 95 for c in range(128)] + [0], np.int8)  # 128: any other
+_TOKEN_ASCII = np.array([not chr(c).isspace() for c in range(128)] + [0], np.int8)
+_B = 0x9E3779B97F4A7C15  # odd, so invertible modulo 2**64
+_B_INV = pow(_B, -1, 2**64)
+_powers = {}
+
+def _pow_table(base, n) -> np.ndarray:
+    "`base**i mod 2**64` for `i < n` (cached, grown by doubling)."
+    t = _powers.get(base)
+    if t is None or len(t) < n:
+        p = np.full(max(n, 2 * len(t) if t is not None else 4096), base, np.uint64)
+        p[0] = 1
+        with np.errstate(over='ignore'): t = _powers[base] = np.cumprod(p, dtype=np.uint64)
+    return t[:n]
+
+def _code_points(text) -> np.ndarray: return np.frombuffer(text.encode('utf-32-le', 'surrogatepass'), np.uint32)
+
+def _mask(a, text, table, test) -> np.ndarray:
+    "`table[c]` per ASCII code point, `test(chr(c))` once per distinct other one; a zero on either side."
+    m = np.zeros(len(a) + 2, np.int8)
+    np.take(table, a, out=m[1:-1], mode='clip')
+    if not text.isascii():
+        hi = np.flatnonzero(a >= 128)
+        u, inv = np.unique(a[hi], return_inverse=True)
+        m[hi + 1] = np.array([test(chr(c)) for c in u.tolist()], np.int8)[inv]
+    return m
+
+def span_hashes(a, m) -> tuple:
+    "(hash, start, end) of each run of ones in the padded mask `m` over the code points `a`."
+    edges = np.flatnonzero(m[1:] != m[:-1])
+    s, e = edges[0::2], edges[1::2]
+    S = np.zeros(len(a) + 1, np.uint64)
+    with np.errstate(over='ignore'):
+        np.cumsum(a * _pow_table(_B, len(a)), out=S[1:])
+        h = (S[e] - S[s]) * _pow_table(_B_INV, len(a) + 1)[s]
+        return _mix64(h + (e - s).astype(np.uint64)), s, e
+
+def text_word_hashes(text) -> np.ndarray:
+    "A 64-bit hash of each word of `words_lower(text)`, computed with array operations over the text."
+    low = text.lower()
+    a = _code_points(low)
+    return span_hashes(a, _mask(a, low, _WORD_ASCII, str.isalnum))[0]
+
+def split_hashes(text) -> tuple:
+    "(hashes, lengths) of the tokens of `text.split()`, with the same hash."
+    a = _code_points(text)
+    h, s, e = span_hashes(a, _mask(a, text, _TOKEN_ASCII, lambda c: not c.isspace()))
+    return h, e - s
 
 # %% ../../nbs/53_decontaminate.ipynb #822d08c3
 @dataclass
@@ -52,7 +97,7 @@ class Benchmark:
     def from_texts(cls, name, texts, n=13):
         hs, items, unc = [], [], 0
         for i, t in enumerate(texts):
-            h = np.unique(ngram_hashes(words_lower(t), n)); unc += len(h) == 0
+            h = np.unique(ngram_hashes(text_word_hashes(t), n)); unc += len(h) == 0
             hs.append(h); items.append(np.full(len(h), i, np.int32))
         h, it = np.concatenate(hs or [np.zeros(0, np.uint64)]), np.concatenate(items or [np.zeros(0, np.int32)])
         o = np.argsort(h, kind='stable')
@@ -85,7 +130,7 @@ class Decontaminate(Step):
     def __call__(self, docs, ctx):
         seen = {b.name: set() for b in self.benchmarks}
         for d in docs:
-            h = ngram_hashes(words_lower(d.text), self.n)
+            h = ngram_hashes(text_word_hashes(d.text), self.n)
             hit = {b.name: _hits(b, h) for b in self.benchmarks}
             hit = {k: v for k, v in hit.items() if len(v)}
             for k, v in hit.items():

@@ -4,11 +4,11 @@
 
 # %% ../../nbs/54_dedup.ipynb #dc4b25b7
 from __future__ import annotations
-import json
+import io, json
 from pathlib import Path
 import numpy as np, xxhash
 from .core import Document, Step, Stage, MapStage, TaskContext, list_shards, read_docs, atomic_write_bytes
-from .decontaminate import words_lower, word_hashes, ngram_hashes, _mix64
+from .decontaminate import text_word_hashes, ngram_hashes, _mix64, _P
 
 # %% auto #0
 __all__ = ['BINS', 'CONFIGS', 'MinHasher', 'exact_hash', 'Signatures', 'equal_runs', 'candidate_pairs', 'jaccard', 'Clusters',
@@ -16,31 +16,43 @@ __all__ = ['BINS', 'CONFIGS', 'MinHasher', 'exact_hash', 'Signatures', 'equal_ru
 
 # %% ../../nbs/54_dedup.ipynb #676fa119
 class MinHasher:
-    "MinHash band signatures: `bands` × `rows` permutations over `n`-word shingles."
+    "MinHash band signatures: `bands` × `rows` 32-bit permutations over `n`-word shingles."
     def __init__(self, n=5, bands=25, rows=5, seed=1):
         rng = np.random.default_rng(seed)
         self.n, self.bands, self.rows = n, bands, rows
-        self.a = rng.integers(0, 2**63, bands * rows, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-        self.b = rng.integers(0, 2**63, bands * rows, dtype=np.uint64)
+        self.a = rng.integers(0, 2**31, bands * rows, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+        self.b = rng.integers(0, 2**32, bands * rows, dtype=np.uint64).astype(np.uint32)
 
-    def shingles(self, words) -> np.ndarray:
-        h = ngram_hashes(words, self.n) if len(words) >= self.n else ngram_hashes(words, max(len(words), 1))
-        return np.unique(h)
+    def shingles(self, w) -> np.ndarray:
+        "Hashes of the `n`-word windows of word hashes `w` (one window of all the words when there are fewer)."
+        return ngram_hashes(w, min(self.n, max(len(w), 1)))
 
-    def minhashes(self, words, shingles=None) -> np.ndarray:
-        s = self.shingles(words) if shingles is None else shingles
-        if not len(s): return np.zeros(self.bands * self.rows, np.uint64)
+    def minhashes(self, shingles, offsets=None, block=4096) -> np.ndarray:
+        "`[docs, bands * rows]` minima of the documents `shingles[offsets[k]:offsets[k + 1]]` (all ones if empty)."
+        offsets = np.array([0, len(shingles)]) if offsets is None else np.asarray(offsets)
+        s = shingles.astype(np.uint32)  # the low 32 bits
+        m = np.full((len(offsets) - 1, self.bands * self.rows), 2**32 - 1, np.uint32)
+        cuts = np.unique(np.concatenate([offsets, np.arange(0, len(s), block)]))[:-1]  # where a piece starts
+        doc = np.searchsorted(offsets, cuts, 'right') - 1
         with np.errstate(over='ignore'):
-            t = np.multiply(self.a[:, None], s[None, :])  # in place from here: one temporary, not three
-            t += self.b[:, None]
-            return t.min(axis=1)
+            for lo in range(0, len(s), block):  # one block of shingles, cut at documents, per broadcast
+                k = slice(*np.searchsorted(cuts, [lo, lo + block]))
+                t = np.multiply(self.a[:, None], s[None, lo:lo + block])
+                t += self.b[:, None]
+                m[doc[k]] = np.minimum(m[doc[k]], np.minimum.reduceat(t, cuts[k] - lo, axis=1).T)
+        return m
 
-    def bands_of(self, words, shingles=None) -> np.ndarray:
-        "One 64-bit hash per band."
-        m = self.minhashes(words, shingles).reshape(self.bands, self.rows)
-        return np.array([xxhash.xxh64_intdigest(r.tobytes()) for r in m], np.uint64)
+    def band_hashes(self, minhashes) -> np.ndarray:
+        "`[docs, bands]` 64-bit band hashes of `[docs, bands * rows]` minima."
+        m = np.asarray(minhashes, np.uint64).reshape(-1, self.bands, self.rows)
+        h = np.zeros(m.shape[:2], np.uint64)
+        with np.errstate(over='ignore'):
+            for j in range(self.rows): h = h * _P + m[:, :, j]
+            return _mix64(h)
 
-def exact_hash(words) -> int: return xxhash.xxh64_intdigest(' '.join(words).encode())
+def exact_hash(w) -> int:
+    "A hash of the normalised text: its word hashes `w` in order."
+    return xxhash.xxh64_intdigest(w.tobytes())
 
 # %% ../../nbs/54_dedup.ipynb #04ad9a73
 class Signatures(Stage):
@@ -52,16 +64,17 @@ class Signatures(Stage):
     def n_tasks(self): return len(self.shards)
     def task_name(self, i): return Path(self.shards[i]).name.removesuffix('.jsonl.zst')
     def run(self, i):
-        bands, exact, shingles, nbytes = [], [], [], 0
+        exact, shingles, nbytes = [], [], 0
         for d in read_docs(self.shards[i]):
-            w = words_lower(d.text); nbytes += d.nbytes
-            sh = self.hasher.shingles(w); shingles.append(sh)
-            bands.append(self.hasher.bands_of(w, sh)); exact.append(exact_hash(w))
-        import io
+            w = text_word_hashes(d.text)
+            nbytes += d.nbytes
+            shingles.append(self.hasher.shingles(w))
+            exact.append(exact_hash(w))
+        sh = np.concatenate(shingles) if shingles else np.zeros(0, np.uint64)
+        offsets = np.cumsum([0] + [len(x) for x in shingles])
         buf = io.BytesIO()
-        np.savez(buf, bands=np.array(bands, np.uint64).reshape(-1, self.hasher.bands), exact=np.array(exact, np.uint64),
-                 shingles=np.concatenate(shingles) if shingles else np.zeros(0, np.uint64),
-                 offsets=np.cumsum([0] + [len(x) for x in shingles]))
+        np.savez(buf, bands=self.hasher.band_hashes(self.hasher.minhashes(sh, offsets)),
+                 exact=np.array(exact, np.uint64), shingles=sh, offsets=offsets)
         atomic_write_bytes(Path(self.out)/f'{self.task_name(i)}.npz', buf.getvalue())
         return {'docs_in': len(exact), 'bytes_in': nbytes}
 
@@ -87,9 +100,12 @@ def candidate_pairs(bands) -> np.ndarray:
     "Unique pairs `(i, j)`, `i < j`, sharing a band: each run's members with its first and with their neighbour."
     out = [np.zeros((0, 2), np.int64)]
     for b in range(bands.shape[1]):
-        for g in equal_runs(bands[:, b]):
-            g = np.sort(g)
-            out += [np.stack([np.full(len(g) - 1, g[0]), g[1:]], 1), np.stack([g[:-1], g[1:]], 1)]
+        o = np.argsort(bands[:, b], kind='stable')  # a run of equal hashes lists its documents in order
+        s = bands[o, b]
+        new = np.r_[True, s[1:] != s[:-1]]
+        first = o[np.maximum.accumulate(np.where(new, np.arange(len(s)), 0))]
+        k = np.flatnonzero(~new)  # members after the first of their run
+        out += [np.stack([first[k], o[k]], 1), np.stack([o[k - 1], o[k]], 1)]
     return np.unique(np.concatenate(out), axis=0)
 
 def jaccard(a, b) -> float:
@@ -116,7 +132,8 @@ class Clusters(Stage):
         pairs = candidate_pairs(bands)
         n_candidates = len(pairs)
         if self.threshold is not None:
-            sim = np.array([jaccard(sh[offs[a]:offs[a + 1]], sh[offs[b]:offs[b + 1]]) for a, b in pairs])
+            sets = {k: np.unique(sh[offs[k]:offs[k + 1]]) for k in np.unique(pairs)}  # only the paired documents
+            sim = np.array([jaccard(sets[a], sets[b]) for a, b in pairs])
             pairs = pairs[sim >= self.threshold] if len(pairs) else pairs
         root = _union_find(len(exact), equal_runs(exact) + list(pairs))
         gone = np.flatnonzero(root != np.arange(len(exact)))

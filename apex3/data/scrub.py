@@ -127,8 +127,11 @@ def scrub(text, counts=None, secrets=True, emails=True, ips=True, plugins=SECRET
     return text
 
 # %% ../../nbs/50a_scrub.ipynb #7b155819
-def redacted_preview(text, n=200, window=4096) -> str:
+_TOKEN_REST = re.compile(r'\S*')
+
+def redacted_preview(text, n=200, margin=256, window=4096) -> str:
     "The first `n` characters of `text` with secrets, emails and public IPs replaced (scrubbed before cutting)."
     if n <= 0: return ''
-    out = scrub(text[:n + window])[:n]
+    end = min(_TOKEN_REST.match(text, min(n, len(text))).end(), n + window) + margin  # the token at the cut, whole
+    out = scrub(text[:end])[:n]
     return out.split('-----BEGIN', 1)[0]  # an unterminated private key: keep nothing of it

@@ -10,8 +10,8 @@ from .core import Document, Step
 from .decontaminate import split_hashes, ngram_hashes
 
 # %% auto #0
-__all__ = ['STOP_WORDS', 'TERMINAL', 'POLICY', 'GENERATED', 'words_of', 'GopherQuality', 'top_ngram_chars', 'dup_ngram_chars',
-           'GopherRepetition', 'C4Lines', 'FineWebQuality', 'CodeQuality']
+__all__ = ['STOP_WORDS', 'TERMINAL', 'POLICY', 'GENERATED', 'words_of', 'letter_words', 'GopherQuality', 'top_ngram_chars',
+           'dup_ngram_chars', 'GopherRepetition', 'C4Lines', 'FineWebQuality', 'CodeQuality']
 
 # %% ../../nbs/52_clean.ipynb #0bc46f48
 _PUNCT = '!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~«»“”‘’…'
@@ -22,11 +22,16 @@ def words_of(text) -> list:
 STOP_WORDS = frozenset('the be to of and that have with'.split())
 TERMINAL = ('.', '!', '?', '"', "'", '”', '’', '…', ':')
 _LETTERISH = re.compile(r'[^\W\d_]')  # letters, and the few digits and numerals that are not decimal
+_ASCII_LETTER_TOKEN = re.compile(r'(?<!\S)\S*?[A-Za-z]')  # one match per whitespace token with a letter
 
 def _has_letter(w) -> bool:
     "Whether `w` has a character with `str.isalpha`: one regex search, a character loop only past a numeral."
     m = _LETTERISH.search(w)
     return m is not None and (m.group().isalpha() or any(c.isalpha() for c in w))
+
+def letter_words(text, words) -> int:
+    "How many of `words_of(text)` have a letter: one regex pass over ASCII text, else word by word."
+    return len(_ASCII_LETTER_TOKEN.findall(text)) if text.isascii() else sum(map(_has_letter, words))
 
 # %% ../../nbs/52_clean.ipynb #1966981d
 class GopherQuality(Step):
@@ -47,7 +52,7 @@ class GopherQuality(Step):
         lines = [l for l in text.splitlines() if l.strip()] or ['']
         if sum(l.lstrip().startswith(('•', '-', '*', '‣', '◦')) for l in lines) / len(lines) > self.max_bullet_lines_ratio: return 'gopher_bullet_lines'
         if sum(l.rstrip().endswith(('...', '…')) for l in lines) / len(lines) > self.max_ellipsis_lines_ratio: return 'gopher_ellipsis_lines'
-        if sum(map(_has_letter, words)) / n < self.min_alpha_words_ratio: return 'gopher_alpha_words'
+        if letter_words(text, words) / n < self.min_alpha_words_ratio: return 'gopher_alpha_words'
         if len(STOP_WORDS.intersection(map(str.lower, words))) < self.min_stop_words: return 'gopher_stop_words'
         return doc
 
@@ -113,7 +118,9 @@ class GopherRepetition(Step):
         for k, t in self.top_ngrams:
             if top_ngram_chars(h, lens, k) / L > t: return f'top_{k}_gram'
         for k, t in self.dup_ngrams:
-            if dup_ngram_chars(h, lens, k) / L > t: return f'duplicated_{k}_grams'
+            c = dup_ngram_chars(h, lens, k)
+            if c / L > t: return f'duplicated_{k}_grams'
+            if c == 0: break  # no k-gram repeats, so no longer one does
         return doc
 
 # %% ../../nbs/52_clean.ipynb #1dc8b008
@@ -128,12 +135,15 @@ class C4Lines(Step):
         low = doc.text.lower()
         if 'lorem ipsum' in low: return 'c4_lorem_ipsum'
         if self.drop_curly and '{' in doc.text: return 'c4_curly_bracket'
+        boilerplate = 'javascript' in low or any(p in low for p in POLICY)  # else no line needs the check
         kept = []
         for line in doc.text.splitlines():
-            l = line.strip(); ll = l.lower()
-            if not l or len(l.split()) < self.min_words_per_line or not l.endswith(TERMINAL): continue
-            if 'javascript' in ll or any(p in ll for p in POLICY): continue
-            if max(map(len, l.split())) > self.max_word_length: continue
+            l = line.strip()
+            if not l.endswith(TERMINAL): continue  # empty lines too
+            ws = l.split()
+            if len(ws) < self.min_words_per_line: continue
+            if boilerplate and ('javascript' in l.lower() or any(p in l.lower() for p in POLICY)): continue
+            if len(l) > self.max_word_length and max(map(len, ws)) > self.max_word_length: continue
             kept.append(l)
         text = '\n'.join(kept)
         if len(re.findall(r'[.!?]+(?:\s|$)', text)) < self.min_sentences: return 'c4_too_few_sentences'

@@ -25,10 +25,13 @@ class Document:
     text: str
     meta: dict = field(default_factory=dict)
 
-    def to_json(self) -> str:
+    def to_json(self) -> str: return self.json_bytes().decode('utf-8', 'surrogatepass')
+
+    def json_bytes(self) -> bytes:
+        "The JSON line as UTF-8 (lone surrogates kept as they are, as shards store them)."
         d = {'id': self.id, 'text': self.text, 'meta': self.meta}
-        try: return orjson.dumps(d).decode()
-        except TypeError: return json.dumps(d, ensure_ascii=False)  # lone surrogates, integers over 64 bits
+        try: return orjson.dumps(d)
+        except TypeError: return json.dumps(d, ensure_ascii=False).encode('utf-8', 'surrogatepass')  # see below
 
     @classmethod
     def from_json(cls, line):
@@ -55,11 +58,10 @@ def atomic_write_bytes(path, data: bytes):
         if os.path.exists(tmp): os.unlink(tmp)
         raise
 
-def write_jsonl_zst(path, rows: Iterable[str]) -> int:
-    "Atomically write lines of JSON as a zstandard-compressed file; return the line count."
-    rows = list(rows)
-    data = ''.join(r + '\n' for r in rows).encode('utf-8', 'surrogatepass')
-    atomic_write_bytes(path, zstandard.ZstdCompressor(level=3).compress(data))
+def write_jsonl_zst(path, rows: Iterable[str | bytes]) -> int:
+    "Atomically write lines of JSON (text or UTF-8) as a zstandard-compressed file; return the line count."
+    rows = [r if isinstance(r, bytes) else r.encode('utf-8', 'surrogatepass') for r in rows]
+    atomic_write_bytes(path, zstandard.ZstdCompressor(level=3).compress(b''.join(r + b'\n' for r in rows)))
     return len(rows)
 
 def read_jsonl_zst(path) -> Iterator[str]:
@@ -68,7 +70,7 @@ def read_jsonl_zst(path) -> Iterator[str]:
         text = r.read().decode('utf-8', 'surrogatepass')
     yield from (l for l in text.split('\n') if l and not l.isspace())
 
-def write_docs(path, docs: Iterable[Document]) -> int: return write_jsonl_zst(path, (d.to_json() for d in docs))
+def write_docs(path, docs: Iterable[Document]) -> int: return write_jsonl_zst(path, (d.json_bytes() for d in docs))
 def read_docs(path) -> Iterator[Document]: return (Document.from_json(l) for l in read_jsonl_zst(path))
 
 # %% ../../nbs/50_data.ipynb #5d7a26e1
@@ -198,15 +200,16 @@ class LocalExecutor:
         return [run_task(stage, i) for i in range(stage.n_tasks())]  # all markers exist now: this only reads them
 
 class RayExecutor:
-    "Run a stage's unfinished tasks as Ray tasks (`pip install ray`); `address=None` starts a local cluster."
-    def __init__(self, address=None, num_cpus=None, progress=True, max_retries=3):
+    "Ray tasks for a stage's unfinished tasks (`pip install ray`); `address=None` starts a local cluster."
+    def __init__(self, address=None, num_cpus=None, progress=True, max_retries=3, task_cpus=1):
         self.address, self.num_cpus, self.progress, self.max_retries = address, num_cpus, progress, max_retries
+        self.task_cpus = task_cpus  # CPUs each task holds: a cluster of C CPUs runs C // task_cpus at once
     def run(self, stage) -> list:
         import ray
         from tqdm.auto import tqdm
         if not ray.is_initialized():
             ray.init(address=self.address, num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
-        remote = ray.remote(max_retries=self.max_retries)(run_task)  # a task whose worker died runs again
+        remote = ray.remote(max_retries=self.max_retries, num_cpus=self.task_cpus)(run_task)  # retried if its worker dies
         refs = [remote.remote(stage, i) for i in _pending(stage)]
         with tqdm(total=len(refs), desc=f'{stage.name} (ray)', disable=not self.progress or not refs, leave=False) as bar:
             while refs:

@@ -105,7 +105,8 @@ def replace_all(text, pattern, placeholder, group=0, check=None) -> tuple:
         if s < last or s < 0 or (check is not None and not check(m.group(group))): continue
         if group == 0 and placeholder.startswith('<SECRET_') and '-----' not in m.group(0):
             e = _TOKEN_TAIL.match(text, e).end()  # a token longer than its pattern's fixed length is one token
-        out += [text[last:s], placeholder]; last, n = e, n + 1
+        out += [text[last:s], placeholder]
+        last, n = e, n + 1
     return (''.join(out) + text[last:], n) if n else (text, 0)
 
 def scrub(text, counts=None, secrets=True, emails=True, ips=True, plugins=SECRET_PLUGINS) -> str:

@@ -19,6 +19,9 @@ usage: python records/data_bench.py [--out DIR] [--datatrove-python PYTHON] [--m
    Recall is also measured over several MinHash seeds (apex3 and matched datatrove; stock datatrove on the first
    seed only, it is slow): one record per (implementation, source, seed) (kind `data_recall_seed`).
 
+6. Which prose documents each filter removed and why, per implementation (kind `data_removed_by`, `removed_by`:
+   {filter: {id: reason}}; datatrove's reason is its `filter_reason`): the chapter's document-by-document account.
+
 Rates are per core: documents (MB) in over the process's CPU seconds, so other jobs on a shared machine
 slow the wall clock but not the rate; wall seconds and the load average are recorded beside them."""
 import argparse, json, os, shlex, shutil, subprocess, sys, time

@@ -19,6 +19,9 @@ usage: python records/data_bench.py [--out DIR] [--datatrove-python PYTHON] [--m
    Recall is also measured over several MinHash seeds (apex3 and matched datatrove; stock datatrove on the first
    seed only, it is slow): one record per (implementation, source, seed) (kind `data_recall_seed`).
 
+6. Which prose documents each filter removed and why, per implementation (kind `data_removed_by`, `removed_by`:
+   {filter: {id: reason}}; datatrove's reason is its `filter_reason`): the chapter's document-by-document account.
+
 Rates are per core: documents (MB) in over the process's CPU seconds, so other jobs on a shared machine
 slow the wall clock but not the rate; wall seconds and the load average are recorded beside them."""
 import argparse, json, os, shlex, shutil, subprocess, sys, time
@@ -152,9 +155,9 @@ def main():
     prov = dict(command='python records/data_bench.py ' + ' '.join(map(shlex.quote, sys.argv[1:])), workers=1, max_files=a.max_files,
                 pipeline_wall_s=wall, datatrove=dt_version, loadavg_start=load0, loadavg_end=os.getloadavg(), cpus=os.cpu_count(),
                 uptime=subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip())
-    apex_by = {}  # apex3's prose removals per filter, read from the rejects' step names
+    apex_by = {}  # apex3's prose removals per filter, {step: {id: reason}}, read from the rejects
     for f in list_shards(out/'bench'/'apex3'/'clean_prose'/'rejects'):
-        for l in read_jsonl_zst(f): apex_by.setdefault(json.loads(l)['step'], []).append(json.loads(l)['id'])
+        for r in map(json.loads, read_jsonl_zst(f)): apex_by.setdefault(r['step'], {})[r['id']] = r['reason']
     removed_by['apex3'] = apex_by
     allrecs = ([dict(r, **prov) for r in stage_records(recs)]
                + [dict(r, removed_jaccard=agree.get(r['impl'], {}).get(r['task']), **prov) for r in cmp]

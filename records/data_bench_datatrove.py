@@ -42,6 +42,18 @@ def ids_in(folder) -> list:
             out += [json.loads(l)['id'] for l in io.TextIOWrapper(r, encoding='utf-8') if l.strip()]
     return out
 
+def reasons_in(folder) -> dict:
+    "{document id: datatrove's `filter_reason` (or '')} of the documents an exclusion writer left in `folder`."
+    import io, zstandard
+    out = {}
+    for f in sorted(Path(folder).rglob('*.zst')):
+        with open(f, 'rb') as fh, zstandard.ZstdDecompressor().stream_reader(fh) as r:
+            for l in io.TextIOWrapper(r, encoding='utf-8'):
+                if l.strip():
+                    d = json.loads(l)
+                    out[d['id']] = (d.get('metadata') or {}).get('filter_reason') or ''
+    return out
+
 FILTERS = ('c4', 'gopher_repetition', 'gopher_quality', 'fineweb')
 
 def clean(src, out, lang='eng'):
@@ -53,7 +65,7 @@ def clean(src, out, lang='eng'):
           FineWebQualityFilter(exclusion_writer=w('fineweb'), language=lang)]
     s, c = timed([reader(src), *fs, writer(out/'kept')], out/'logs')
     return dict(seconds=s, cpu_seconds=c, docs_out=len(ids_in(out/'kept')), removed_ids=ids_in(out/'removed'),
-                removed_by={k: ids_in(out/'removed'/k) for k in FILTERS})
+                removed_by={k: reasons_in(out/'removed'/k) for k in FILTERS})
 
 def dedup(src, out, lang='eng', seed=1):
     "datatrove's four MinHash stages with 64-bit hashes (the bucket stage needs tasks divisible by 14)."

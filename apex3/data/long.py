@@ -21,10 +21,13 @@ def long_candidates(docs, min_tokens) -> list:
         if cur: out.append((''.join(cur), True))
     for d in docs:
         if d.meta.get('packed'):
-            if d.meta['repo'] != cur_repo: flush(); cur, cur_repo = [], d.meta['repo']
+            if d.meta['repo'] != cur_repo:
+                flush()
+                cur, cur_repo = [], d.meta['repo']
             cur.append(d.text if d.meta['part'] == 0 else d.text.removeprefix(f"<repo_name>{d.meta['repo']}"))
             continue
-        flush(); cur, cur_repo = [], None
+        flush()
+        cur, cur_repo = [], None
         if len(d.text) >= min_tokens: out.append((d.text, False))  # a token covers ≥ 1 character
     flush()
     return out
@@ -42,11 +45,15 @@ def long_from_tokens(docs, ids, ends, min_tokens, eos, file_sep) -> list:
     for d, end in zip(docs, ends):
         x, start = np.asarray(ids[start:end], np.uint32), int(end)  # this document's ids, EOS last
         if d.meta.get('packed'):
-            if d.meta['repo'] != cur_repo: flush(); cur, cur_repo = [], d.meta['repo']
+            if d.meta['repo'] != cur_repo:
+                flush()
+                cur, cur_repo = [], d.meta['repo']
             body = x[:-1]
             if d.meta['part'] and (body == file_sep).any(): body = body[np.argmax(body == file_sep):]
-            cur.append(body); continue
-        flush(); cur, cur_repo = [], None
+            cur.append(body)
+            continue
+        flush()
+        cur, cur_repo = [], None
         if len(x) - 1 >= min_tokens: out.append(x)
     flush()
     return out
@@ -59,9 +66,11 @@ class Long(Stage):
         self.prefix, self.name = prefix, f'long:{prefix}'
         self.shards = list_shards(self.src)
     def n_tasks(self): return len(self.shards)
-    def task_name(self, i): return f'{self.prefix}-{Path(self.shards[i]).name.removesuffix(".jsonl.zst")}'  # sources share `out`
+    def task_name(self, i):
+        return f'{self.prefix}-{Path(self.shards[i]).name.removesuffix(".jsonl.zst")}'  # sources share `out`
     def run(self, i):
-        tok = load_tokenizer(self.tokenizer); eos = tok.token_to_id(EOS)
+        tok = load_tokenizer(self.tokenizer)
+        eos = tok.token_to_id(EOS)
         docs = list(read_docs(self.shards[i]))
         ids = self.reused(i, docs, tok, eos)
         if ids is None: ids = long_token_ids(long_candidates(docs, self.min_tokens), tok, self.min_tokens, eos)

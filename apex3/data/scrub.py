@@ -105,7 +105,8 @@ def replace_all(text, pattern, placeholder, group=0, check=None) -> tuple:
         if s < last or s < 0 or (check is not None and not check(m.group(group))): continue
         if group == 0 and placeholder.startswith('<SECRET_') and '-----' not in m.group(0):
             e = _TOKEN_TAIL.match(text, e).end()  # a token longer than its pattern's fixed length is one token
-        out += [text[last:s], placeholder]; last, n = e, n + 1
+        out += [text[last:s], placeholder]
+        last, n = e, n + 1
     return (''.join(out) + text[last:], n) if n else (text, 0)
 
 def scrub(text, counts=None, secrets=True, emails=True, ips=True, plugins=SECRET_PLUGINS) -> str:
@@ -127,8 +128,11 @@ def scrub(text, counts=None, secrets=True, emails=True, ips=True, plugins=SECRET
     return text
 
 # %% ../../nbs/50a_scrub.ipynb #7b155819
-def redacted_preview(text, n=200, window=4096) -> str:
+_TOKEN_REST = re.compile(r'\S*')
+
+def redacted_preview(text, n=200, margin=256, window=4096) -> str:
     "The first `n` characters of `text` with secrets, emails and public IPs replaced (scrubbed before cutting)."
     if n <= 0: return ''
-    out = scrub(text[:n + window])[:n]
+    end = min(_TOKEN_REST.match(text, min(n, len(text))).end(), n + window) + margin  # the token at the cut, whole
+    out = scrub(text[:end])[:n]
     return out.split('-----BEGIN', 1)[0]  # an unterminated private key: keep nothing of it

@@ -157,7 +157,7 @@ def _device_memory(device):
 
 def check_host_memory(a, cfg, device):
     "Refuse an offload run whose host memory (the planner's estimate) exceeds what the host has available, before pinning any."
-    from apex3.plan import offload_host_gib, HOST_OVERHEAD_GIB
+    from apex3.offload_plan import offload_host_gib, HOST_OVERHEAD_GIB
     from apex3.offload import host_available_bytes
     keep = 1.0 if a.act_budget is None else a.act_budget   # without a budget, activations beyond --act-offload stay on the GPU
     need = offload_host_gib(cfg, _device_memory(device) / GiB, a.micro_bs, keep, a.offload_accum, a.act_offload,

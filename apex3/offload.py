@@ -28,9 +28,9 @@ def host_available_bytes() -> int:
 
 # %% ../nbs/20_offload.ipynb #d3e5dc27
 SLAB_BYTES, ALIGN, HOST_SPARE = 8 * 2**30, 512, 2 * 2**30
-# the optimizer step's chunk size and device room (`_step`), and what the machinery leaves free on the GPU: the planner
-# (chapter 00_plan) models the step with the same numbers
-from .plan import CHUNK_BYTES, RING_CHUNKS, GPU_HEADROOM_GIB
+# the optimizer step's chunk size and device room, and what the machinery leaves free on the GPU: the planner (chapter
+# 21_offload_plan) models the step with the same numbers
+from .offload_constants import CHUNK_BYTES, RING_CHUNKS, GPU_HEADROOM_GIB, ACT_PREFETCH_GIB
 
 def _pow2(n): return 1 << max(0, n - 1).bit_length()
 def _pow2_floor(n): return 1 << (n.bit_length() - 1)

@@ -4,8 +4,9 @@
 
 # %% auto #0
 __all__ = ['GiB', 'SLAB_BYTES', 'ALIGN', 'HOST_SPARE', 'GPU_HEADROOM', 'EARLY_IN_FLIGHT', 'host_available_bytes', 'PinnedPool',
-           'accum_kernel', 'accumulate_', 'dense', 'ActivationOffload', 'is_gemm_module', 'gemm_offload_hooks',
-           'resident_bytes', 'choose_resident', 'OffloadOptimizer', 'cut']
+           'accum_kernel', 'accumulate_', 'ActivationOffload', 'is_gemm_module', 'gemm_offload_hooks', 'resident_bytes',
+           'choose_resident', 'HostStore', 'GradientInbox', 'UpdateSchedule', 'ChunkMover', 'Preloader',
+           'OffloadOptimizer', 'EarlyStream']
 
 # %% ../nbs/20_offload.ipynb #b5b880af
 import collections, contextlib, ctypes, itertools, logging, math, os, threading, time, weakref
@@ -165,7 +166,7 @@ class _Offloaded:
         self.flat, self.host, self.device, self.ready, self.index = flat, host, device, ready, index
         self.back, self.back_ready, self.uses, self.asked = None, None, 1, False
 
-def dense(t):
+def _dense(t):
     "Whether `t` covers its memory exactly once (any permutation of a contiguous tensor): then it can keep its strides on the host."
     if t.numel() == 0: return False
     expect = 1
@@ -177,7 +178,7 @@ def dense(t):
 # %% ../nbs/20_offload.ipynb #3b2a3992
 class ActivationOffload:
     "Saved-tensor hooks that keep chosen activations in a `PinnedPool` between forward and backward."
-    def __init__(self, pool, max_tensors=None, keep_bytes=None, min_bytes=2**16, params=(), prefetch_bytes=4 * GiB):
+    def __init__(self, pool, max_tensors=None, keep_bytes=None, min_bytes=2**16, params=(), prefetch_bytes=ACT_PREFETCH_GIB * GiB):
         self.pool, self.max_tensors, self.keep_bytes, self.min_bytes = pool, max_tensors, keep_bytes, min_bytes
         self.param_ptrs = {p.data_ptr() for p in params}
         self.prefetch_bytes = prefetch_bytes
@@ -223,7 +224,7 @@ class ActivationOffload:
 # %% ../nbs/20_offload.ipynb #4225517a
 def _pack(self, t):
     n = t.numel() * t.element_size()
-    if n < self.min_bytes or t.data_ptr() in self.param_ptrs or not dense(t): return t
+    if n < self.min_bytes or t.data_ptr() in self.param_ptrs or not _dense(t): return t
     key = (t.data_ptr(), t.shape, t.stride(), t._version)
     if key in self.seen and self.seen[key][0]() is t:   # the same tensor, still alive: one copy, one more use
         h = self.seen[key][1]; h.uses += 1
@@ -317,12 +318,12 @@ def gemm_offload_hooks(model, offload):
     gemms = [m for m in model.modules() if is_gemm_module(m)]
     return [h for m in gemms for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
 
-# %% ../nbs/20_offload.ipynb #29507159
+# %% ../nbs/20_offload.ipynb #7731ea9f
 from concurrent.futures import ThreadPoolExecutor
 import torch.optim.adamw as _adamw
 from .optim import build_optimizer, muon_update_chunk, muon_group_kwargs
 
-# %% ../nbs/20_offload.ipynb #b9378222
+# %% ../nbs/20_offload.ipynb #d76b10eb
 def _n_state(group):
     "FP32 state tensors per parameter of an optimizer group: Muon's momentum, or AdamW's two moments."
     return 1 if 'momentum' in group else 2
@@ -335,75 +336,65 @@ def choose_resident(params, budget, cost=resident_bytes):
     "The parameters (of `(param, group)` pairs) whose `cost` fits in `budget` bytes: first fit, in order."
     out = set()
     for p, g in params:
-        if cost(p, g) <= budget: out.add(p); budget -= cost(p, g)
+        if cost(p, g) <= budget:
+            out.add(p)
+            budget -= cost(p, g)
     return out
 
 class _Slot:
-    "One parameter's off-model life: FP32 master, optimizer state, gradient accumulator (on the host, or resident on the GPU)."
+    "One parameter's off-model life: FP32 master, optimizer state, gradient accumulator (on the host, or on the GPU)."
     def __init__(self, p, group, alloc, resident=False):
         self.p, self.group, self.fresh, self.resident = p, group, True, resident
-        self.master = alloc(p.shape, torch.float32); self.master.copy_(p.detach())
+        self.master = alloc(p.shape, torch.float32)
+        self.master.copy_(p.detach())
         self.state = [alloc(p.shape, torch.float32).zero_() for _ in range(_n_state(group))]
         self.step = torch.tensor(0.0)
-        self.acc = None  # FP32 gradient accumulator: the optimizer gives it one, on the host or on the GPU
+        self.acc = None  # FP32 gradient accumulator: the store gives it one, on the host or on the GPU
     @property
     def nbytes(self): return self.master.numel() * 4
 
-# %% ../nbs/20_offload.ipynb #b8816668
-class OffloadOptimizer:
-    "Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU (but for `gpu_bytes` of it)."
-    def __init__(self, model, accum='cpu', pool=None, chunk_bytes=CHUNK_BYTES, gpu_bytes=0, accum_gpu_bytes=0, overlap=False,
-                 **opt_kwargs):
+# %% ../nbs/20_offload.ipynb #93aa57e3
+class HostStore:
+    """Every parameter's `_Slot`, its master and state in a `PinnedPool` but for the `gpu_bytes` kept resident on the GPU;
+    FP32 accumulators on the GPU for all (`accum='gpu'`), else for the resident and the first `accum_gpu_bytes` of the rest."""
+    def __init__(self, groups, accum='cpu', pool=None, gpu_bytes=0, accum_gpu_bytes=0):
         if accum not in ('cpu', 'gpu'): raise UsageError(f"--offload-accum must be cpu or gpu, got {accum!r}")
-        self.reference = build_optimizer(model, **opt_kwargs)  # the groups and hyperparameters; its state stays empty
-        self.accum, self.chunk_bytes = accum, chunk_bytes
-        params = self._params()
+        self.param_groups = groups
+        params = self.params()
         self.resident = choose_resident(params, gpu_bytes)
-        # FP32 accumulators on the GPU: all of them (gpu), or the resident ones and the first `accum_gpu_bytes` of the rest
-        self.gpu_accum = {p for p, _ in params} if accum == 'gpu' else self.resident | choose_resident(
-            [(p, g) for p, g in params if p not in self.resident], accum_gpu_bytes, cost=lambda p, g: p.numel() * 4)
+        rest = [(p, g) for p, g in params if p not in self.resident]
+        self.gpu_accum = {p for p, _ in params} if accum == 'gpu' else \
+            self.resident | choose_resident(rest, accum_gpu_bytes, cost=lambda p, g: p.numel() * 4)
         self.resident_gib = sum(resident_bytes(p, g) for p, g in params if p in self.resident) / GiB
-        self.accum_gpu_gib = sum(p.numel() * 4 for p, _ in params if p in self.gpu_accum and p not in self.resident) / GiB
+        self.accum_gpu_gib = sum(p.numel() * 4 for p, _ in rest if p in self.gpu_accum) / GiB
         self.pool = pool or PinnedPool(self.host_bytes_needed())
         on_device = lambda p: lambda shape, dtype: torch.empty(shape, dtype=dtype, device=p.device)
         self.slots = [_Slot(p, g, on_device(p), True) if p in self.resident else _Slot(p, g, self._host) for p, g in params]
         for s in self.slots:  # now, not on first use: staging buffers taken meanwhile would eat the accumulators' budget
-            s.acc = torch.zeros(s.p.shape, device=s.p.device) if s.p in self.gpu_accum else self._host(s.p.shape, torch.float32)
+            on_gpu = s.p in self.gpu_accum
+            s.acc = torch.zeros(s.p.shape, device=s.p.device) if on_gpu else self._host(s.p.shape, torch.float32)
         # the staging allowance too, with room for the largest gradient in one piece: activations offloaded meanwhile must
         # not take its host memory
         self.pool.reserve(self.largest_grad())
-        self.cuda = any(s.p.is_cuda for s in self.slots)
-        dev = self.slots[0].p.device   # the streams on the model's GPU, whichever is current
-        self.h2d, self.d2h = (torch.cuda.Stream(dev), torch.cuda.Stream(dev)) if self.cuda else (None, None)
-        self.upd = torch.cuda.Stream(dev) if self.cuda and overlap else None   # updates beside the last backward
-        self.issuer = ThreadPoolExecutor(1) if self.upd else None   # issues them, so that backward's thread never waits
-        self.worker, self.pending, self.staged = ThreadPoolExecutor(1), [], defaultdict(list)   # staged: bytes -> futures
-        # of the last step: the host accumulation tail, the streamed update, what `preload` loaded before it, what streamed
-        # during the last backward (`overlap`)
-        self.timings = dict(wait_s=0.0, stream_s=0.0, preloaded_gib=0.0, early_gib=0.0)
-        self.staging = dict(staging_waits=0, staging_wait_s=0.0, staging_unpooled_gib=0.0)   # since construction: see `_stage`
-        self.hooks = [s.p.register_post_accumulate_grad_hook(self._grad_hook(s)) for s in self.slots]
-        self.preloaded, self.ring, self.arrival = {}, None, {}   # see `preload`; `arrival`: the last step's gradients' order
-        self.preload_half = None   # the ring `preload` may use, in elements per half: 0 for none (decided at the first step)
-        self.overlap, self.early, self.final_order, self.gpu_arrival = overlap, None, {}, {}   # see `_arm_early`
 
     def _host(self, shape, dtype):
         t = self.pool.alloc(shape, dtype)
-        if t is None: raise UsageError(f'the optimizer state does not fit: {self.pool.reserved/GiB:.1f} of the pool\'s {self.pool.budget/GiB:.1f} '
-                                       f'GiB taken, {host_available_bytes()/GiB:.1f} GiB of host memory left; train fewer layers '
-                                       '(`apex3 plan --config NAME --host-gib N` says how many fit)')
+        if t is None:
+            raise UsageError(f"the optimizer state does not fit: {self.pool.reserved/GiB:.1f} of the pool's "
+                             f'{self.pool.budget/GiB:.1f} GiB taken, {host_available_bytes()/GiB:.1f} GiB of host memory '
+                             'left; train fewer layers (`apex3 plan --config NAME --host-gib N` says how many fit)')
         return t
 
-    def _params(self): return [(p, g) for g in self.reference.param_groups for p in g['params']]
+    def params(self): return [(p, g) for g in self.param_groups for p in g['params']]
 
-    def _host_accumulated(self): return [p for p, _ in self._params() if p not in self.gpu_accum]
+    def _host_accumulated(self): return [p for p, _ in self.params() if p not in self.gpu_accum]
 
     def host_bytes_needed(self):
-        "Pinned bytes for masters, state and host accumulators, plus staging for half the gradients in flight (at least the largest)."
-        state = sum(p.numel() * 4 * (1 + _n_state(g)) for p, g in self._params() if p not in self.resident)
+        "Pinned bytes for masters, state and host accumulators, and staging for half the gradients (at least the largest)."
+        state = sum(p.numel() * 4 * (1 + _n_state(g)) for p, g in self.params() if p not in self.resident)
         accs = sum(p.numel() * 4 for p in self._host_accumulated())
-        # backward hands over gradients faster than the host adds them (C4: all of them in ~0.3 s, added in ~0.5 s): half of
-        # them may wait on the host without stalling backward; more in flight waits (see `_stage`)
+        # backward hands over gradients faster than the host adds them (C4: all of them in ~0.3 s, added in ~0.5 s):
+        # half of them may wait on the host without stalling backward; more in flight waits (see `GradientInbox`)
         staging = max(sum(p.numel() * p.element_size() for p in self._host_accumulated()) // 2, self.largest_grad())
         return int(state + accs + staging + 2**26)
 
@@ -411,75 +402,112 @@ class OffloadOptimizer:
         "Bytes of the largest gradient that goes to the host (0 if none does)."
         return max((p.numel() * p.element_size() for p in self._host_accumulated()), default=0)
 
-    @property
-    def param_groups(self): return self.reference.param_groups
+    def stepped(self, slots):
+        "After a step updated `slots`: the next micro-batch's gradient overwrites their accumulators; AdamW counts one."
+        for s in slots:
+            s.fresh = True
+            if 'momentum' not in s.group: s.step += 1   # once, however many pieces it took
 
-    def set_lr_factor(self, f): self.reference.set_lr_factor(f)
+    def saved(self):
+        "Each slot's FP32 master, optimizer state and step, as host tensors."
+        return [dict(master=s.master.cpu(), state=[x.cpu() for x in s.state], step=s.step) for s in self.slots]
 
-# %% ../nbs/20_offload.ipynb #00c7ea88
-def _grad_hook(self, s):
-    def hook(p):
-        g, p.grad = p.grad, None  # the GPU copy is freed as soon as it is on its way
-        if s.p in self.gpu_accum or not g.is_cuda:
-            self._add(s, g)
-            if self.early is not None: self._gradient_final(s)   # the last micro-batch of a step that overlaps it
-            return
+    @torch.no_grad()
+    def restore(self, saved):
+        "Copy `saved` (from `saved`) into the slots; the working weights follow the masters."
+        for s, d in zip(self.slots, saved):
+            s.master.copy_(d['master'])
+            s.step.copy_(d['step'])
+            for h, x in zip(s.state, d['state']): h.copy_(x)
+            s.p.copy_(s.master)
+
+# %% ../nbs/20_offload.ipynb #434b3782
+class GradientInbox:
+    """Backward's gradients into the slots' FP32 accumulators: a hook on each parameter adds its gradient on the GPU, or
+    sends it down to a pinned staging buffer on side stream `d2h`, for a worker thread to add on the host."""
+    def __init__(self, store, d2h=None):
+        self.store, self.d2h = store, d2h
+        self.on_final = None   # called with a slot whose gradient of the step is final on its device (see `EarlyStream`)
+        self.worker, self.pending, self.staged = ThreadPoolExecutor(1), [], defaultdict(list)   # staged: bytes -> futures
+        self.staging = dict(staging_waits=0, staging_wait_s=0.0, staging_unpooled_gib=0.0)   # since construction
+        self.hooks = [s.p.register_post_accumulate_grad_hook(self._hook(s)) for s in store.slots]
+
+    def _hook(self, s):
+        def hook(p):
+            g, p.grad = p.grad, None  # the GPU copy is freed as soon as it is on its way
+            if s.p in self.store.gpu_accum or not g.is_cuda:
+                self.add(s, g)
+                if self.on_final is not None: self.on_final(s)   # the last micro-batch of a step that overlaps it
+            else: self._send(s, g)
+        return hook
+
+    def _send(self, s, g):
+        "Copy `g` down to a staging buffer; the worker adds it once it has landed, and frees a pooled buffer."
         stage, pooled = self._stage(g)
         self.d2h.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.d2h):
-            stage.copy_(g, non_blocking=True); g.record_stream(self.d2h)
-            done = torch.cuda.Event(blocking=True); done.record()   # the host thread sleeps on it instead of spinning a core
+            stage.copy_(g, non_blocking=True)
+            g.record_stream(self.d2h)
+            done = torch.cuda.Event(blocking=True)   # the host thread sleeps on it instead of spinning a core
+            done.record()
         def land():
-            done.synchronize(); self._add(s, stage)
-            if pooled: self.pool.release(stage)
+            done.synchronize()
+            self.add(s, stage)
+            if pooled: self.store.pool.release(stage)
         self.pending.append((s, fut := self.worker.submit(land)))
         if pooled: self.staged[g.nbytes].append(fut)   # frees a pooled buffer of this size when it lands
-    return hook
 
-def _stage(self, g):
-    "A pinned buffer for `g` on its way to the host, and whether the pool gave it."
-    # Past the staging allowance, wait for the oldest gradient that holds a pooled buffer of this size to land and free
-    # it, rather than pin more: unpooled buffers stay cached by PyTorch's pinned allocator, rounded up, for the whole run.
-    queue, t0 = self.staged[g.nbytes], time.perf_counter()
-    while (stage := self.pool.alloc(g.shape, g.dtype, count_overflow=False)) is None and queue:
-        f = queue.pop(0)
-        if not f.done(): self.staging['staging_waits'] += 1
-        f.result()
-    self.staging['staging_wait_s'] += time.perf_counter() - t0   # the backward pass, held up by the host's additions
-    if stage is not None: return stage, True
-    if not self.staging['staging_unpooled_gib']:   # no buffer of this size is on its way back: the allowance is too small
-        _log.warning('no pooled staging buffer of this size is free or on its way back: using unpooled pinned memory '
-                    '(staging_unpooled_gib)')
-    self.staging['staging_unpooled_gib'] += g.nbytes / GiB
-    return torch.empty(g.shape, dtype=g.dtype, pin_memory=True), False
+    def _stage(self, g):
+        "A pinned buffer for `g` on its way to the host, and whether the pool gave it."
+        # Past the staging allowance, wait for the oldest gradient that holds a pooled buffer of this size to land and
+        # free it, rather than pin more: unpooled buffers stay cached by PyTorch's pinned allocator, rounded up, all run.
+        queue, t0 = self.staged[g.nbytes], time.perf_counter()
+        while (stage := self.store.pool.alloc(g.shape, g.dtype, count_overflow=False)) is None and queue:
+            f = queue.pop(0)
+            if not f.done(): self.staging['staging_waits'] += 1
+            f.result()
+        self.staging['staging_wait_s'] += time.perf_counter() - t0   # the backward pass, held up by the host's additions
+        if stage is not None: return stage, True
+        if not self.staging['staging_unpooled_gib']:   # no buffer of this size is on its way back: the allowance is small
+            _log.warning('no pooled staging buffer of this size is free or on its way back: using unpooled pinned memory '
+                         '(staging_unpooled_gib)')
+        self.staging['staging_unpooled_gib'] += g.nbytes / GiB
+        return torch.empty(g.shape, dtype=g.dtype, pin_memory=True), False
 
-def _add(self, s, g):
-    "Accumulate gradient `g` of slot `s` into its FP32 accumulator, wherever that lives."
-    if s.fresh: s.acc.copy_(g); s.fresh = False
-    elif s.acc.is_cuda: s.acc.add_(g)   # one pass, in FP32 (not g.float() first: a copy of it written and read again)
-    else: accumulate_(s.acc, g)
+    @staticmethod
+    def add(s, g):
+        "Accumulate gradient `g` of slot `s` into its FP32 accumulator, wherever that lives."
+        if s.fresh:   # the first micro-batch of a step copies: no zeroing of the accumulators
+            s.acc.copy_(g)
+            s.fresh = False
+        elif s.acc.is_cuda: s.acc.add_(g)   # one pass, in FP32 (not g.float() first: a copy written and read again)
+        else: accumulate_(s.acc, g)
 
-def _wait(self):
-    "Block until every gradient has landed in its accumulator."
-    for _, f in self.pending: f.result()
-    self.pending = []; self.staged.clear()
+    def wait(self):
+        "Block until every gradient has landed in its accumulator."
+        for _, f in self.pending: f.result()
+        self.pending = []
+        self.staged.clear()
 
-OffloadOptimizer._grad_hook, OffloadOptimizer._stage, OffloadOptimizer._add, OffloadOptimizer.wait = _grad_hook, _stage, _add, _wait
-
-# %% ../nbs/20_offload.ipynb #53f2251b
-def cut(items, limit, size):
-    "Consecutive runs of `items` of at most `limit` bytes (`size(item)` each), but for an item over the limit, a run of its own."
+# %% ../nbs/20_offload.ipynb #80910d31
+def _cut_runs(items, limit, size):
+    "Consecutive runs of `items` of at most `limit` bytes (`size(item)` each), but for an item over the limit, alone."
     out, cur, n = [], [], 0
     for x in items:
-        if cur and n + size(x) > limit: out.append(cur); cur, n = [], 0
-        cur.append(x); n += size(x)
+        if cur and n + size(x) > limit:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(x)
+        n += size(x)
     return out + [cur] if cur else out
 
 class _Piece:
-    "A slot, or a part of it that updates on its own: a range of experts of a stacked Muon matrix, a flat range of an AdamW one."
+    "A slot, or a part that updates on its own: a range of experts of a stacked Muon matrix, a flat range of an AdamW one."
     def __init__(self, s, part=None):
         self.slot, self.group, self.key = s, s.group, (id(s), 0 if part is None else part.start)
-        view = (lambda t: t) if part is None else (lambda t: t[part]) if 'momentum' in s.group else (lambda t: t.view(-1)[part])
+        if part is None: view = lambda t: t
+        elif 'momentum' in s.group: view = lambda t: t[part]
+        else: view = lambda t: t.view(-1)[part]
         self.p, self.master, self.acc, self.state = view(s.p.data), view(s.master), view(s.acc), [view(x) for x in s.state]
         self.numel = self.master.numel()
 
@@ -492,25 +520,45 @@ def _pieces(s, limit):
     ends = [n * i // k for i in range(k + 1)]
     return [_Piece(s, slice(a, b)) for a, b in zip(ends, ends[1:])]
 
-def _chunks(self, landing=(), skip=frozenset()):
-    """Pieces of the slots that received a gradient (landed, or in `landing`), by group and residence, in chunks of about
-    `chunk_bytes`; but for the pieces whose `key` is in `skip` (already preloaded)."""
-    return [c for g, resident in itertools.product(self.param_groups, (True, False))
-            for c in cut([pc for s in self.slots if s.group is g and s.resident == resident and (not s.fresh or s in landing)
-                          for pc in _pieces(s, self.chunk_bytes) if pc.key not in skip], self.chunk_bytes, lambda pc: pc.numel * 4)]
-
 def _update(chunk, m, st, gr):
     "Run the group's update on device tensors of one chunk of pieces."
     g = chunk[0].group
     if 'momentum' in g: muon_update_chunk(m, [x[0] for x in st], gr, **muon_group_kwargs(g))
-    else:   # every piece of a parameter steps from the same count: copies, advanced once for the parameter (see `_step`)
+    else:   # every piece of a parameter steps from the same count: copies, advanced once for the parameter
         _adamw.adamw(m, gr, [x[0] for x in st], [x[1] for x in st], [], [pc.slot.step.clone() for pc in chunk],
                      foreach=g['foreach'], amsgrad=False, beta1=g['betas'][0], beta2=g['betas'][1], lr=g['lr'],
                      weight_decay=g['weight_decay'], eps=g['eps'], maximize=False)
 
-OffloadOptimizer._chunks = _chunks
+def _update_resident(chunk):
+    "Update a chunk where its state lives (resident on the GPU) and set the model's weights from it."
+    _update(chunk, [pc.master for pc in chunk], [pc.state for pc in chunk], [pc.acc for pc in chunk])
+    for pc in chunk: pc.p.copy_(pc.master)
 
-# %% ../nbs/20_offload.ipynb #c1af6725
+# %% ../nbs/20_offload.ipynb #c70689c5
+def _arrival_order(chunks, arrival):
+    "Chunks in the order their last gradient reached the host (`arrival`: slot -> rank); those with none first, in order."
+    return sorted(chunks, key=lambda c: max(arrival.get(pc.slot, -1) for pc in c))
+
+class UpdateSchedule:
+    "Which pieces of a `HostStore`'s slots a step updates, in chunks of about `chunk_bytes` of masters, in which order."
+    def __init__(self, store, chunk_bytes=CHUNK_BYTES):
+        self.store, self.chunk_bytes = store, chunk_bytes
+        self.arrival = {}   # slot -> rank of its last gradient of the last step, in the order they reached the host
+
+    def chunks(self, landing=(), skip=frozenset()):
+        """Pieces of the slots that received a gradient (landed, or in `landing`), by group and residence, in chunks of
+        about `chunk_bytes`; but for the pieces whose `key` is in `skip` (loaded already)."""
+        def pieces(g, resident):
+            return [pc for s in self.store.slots if s.group is g and s.resident == resident and (not s.fresh or s in landing)
+                    for pc in _pieces(s, self.chunk_bytes) if pc.key not in skip]
+        return [c for g, resident in itertools.product(self.store.param_groups, (True, False))
+                for c in _cut_runs(pieces(g, resident), self.chunk_bytes, lambda pc: pc.numel * 4)]
+
+    def by_arrival(self, chunks, arrival=None):
+        "`chunks` in the order their last gradient arrived (`arrival`; by default the last step's), those without first."
+        return _arrival_order(chunks, self.arrival if arrival is None else arrival)
+
+# %% ../nbs/20_offload.ipynb #618ec845
 def _grad_stays(pc):
     "Whether piece `pc` accumulates its gradient on its parameter's device (no trip up in the step)."
     return pc.acc.device == pc.p.device
@@ -520,8 +568,8 @@ def _grad_room(chunk):
     return not all(map(_grad_stays, chunk))
 
 def _chunk_views(buf, chunk):
-    """Per-piece views into a flat device buffer laid out as [masters | gradients | state 0 | state 1] of one chunk; without
-    gradient room (every piece accumulates on the device) [masters | state 0 | state 1], and None for the gradient."""
+    """Per-piece views into a flat device buffer laid out as [masters | gradients | state 0 | state 1] of one chunk;
+    without gradient room (every piece accumulates on the device) [masters | state 0 | state 1], and None for gradients."""
     total, out, off, g = sum(pc.numel for pc in chunk), [], 0, _grad_room(chunk)
     for pc in chunk:
         region = lambda r, off=off, pc=pc: buf[r * total + off: r * total + off + pc.numel].view(pc.master.shape)
@@ -529,19 +577,24 @@ def _chunk_views(buf, chunk):
         off += pc.numel
     return out
 
-# %% ../nbs/20_offload.ipynb #0cf6727a
+def _chunk_numel(chunk):
+    "FP32 elements a chunk takes on the device: masters, gradients (where they cross) and state."
+    return sum(pc.numel for pc in chunk) * (1 + _grad_room(chunk) + len(chunk[0].state))
+
+# %% ../nbs/20_offload.ipynb #3b2146e4
 class _Ring:
-    "Device memory for the chunks in flight, two halves filled from their starts: a chunk goes where the write-backs it must wait for are oldest."
+    "Device memory for the chunks in flight, two halves filled from their starts; a chunk goes where its waits are oldest."
     def __init__(self, half, device):
         self.buf, self.half = torch.empty(2 * half, device=device), half
-        self.lent, self.done, self.count = [], -1, 0   # (start, end, order, event) still read; waited for up to order `done`
+        self.lent, self.done, self.count = [], -1, 0   # (start, end, order, event) still read; waited for up to `done`
 
     def take(self, numel):
         "`numel` elements, and the event of the last write-back still reading any of them (None: nothing to wait for)."
         h = self.half
         # where a chunk can start: a half's start, or the end of a lent region, if it then stays within that half
         starts = [a for a in {0, h, *(e for _, e, _, _ in self.lent)} if a + numel <= (h if a < h else 2 * h)]
-        latest = {a: max((x for x in self.lent if x[0] < a + numel and a < x[1]), key=lambda x: x[2], default=None) for a in starts}
+        readers = lambda a: [x for x in self.lent if x[0] < a + numel and a < x[1]]
+        latest = {a: max(readers(a), key=lambda x: x[2], default=None) for a in starts}
         # the oldest last reader; never the chunk before, which the other half's start does not touch
         start = min(starts, key=lambda a: (-1 if latest[a] is None else latest[a][2], a))
         region, last = self.buf[start:start + numel], latest[start]
@@ -551,35 +604,78 @@ class _Ring:
         return region, last[3]
 
     def lend(self, region, event):
-        "Record that `region` is read by the write-back that `event` marks the end of (None, without CUDA: nothing to record)."
+        "Record that `region` is read by the write-back that `event` marks the end of (None, without CUDA: nothing to do)."
         if event is None: return
-        self.lent.append((region.storage_offset(), region.storage_offset() + region.numel(), self.count, event)); self.count += 1
+        self.lent.append((region.storage_offset(), region.storage_offset() + region.numel(), self.count, event))
+        self.count += 1
 
-# %% ../nbs/20_offload.ipynb #f204365d
 def _ring_half(largest, device):
-    "Elements of each half of the step's ring: RING_CHUNKS / 2 of the `largest` chunk, fewer if the GPU has less free, never below one."
+    "Elements of each half of the step's ring: RING_CHUNKS / 2 of the `largest` chunk, fewer if the GPU has less free."
     half = RING_CHUNKS // 2 * largest
     if torch.device(device).type != 'cuda': return half
     free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return max(largest, min(half, free // 2 // 4 // 2))   # at most half of what is free, in FP32 elements, over two halves
+    return max(largest, min(half, free // 2 // 4 // 2))   # at most half of what is free, in FP32 elements, two halves
 
-def _chunk_numel(chunk):
-    "FP32 elements a chunk takes on the device: masters, gradients (where they cross) and state."
-    return sum(pc.numel for pc in chunk) * (1 + _grad_room(chunk) + len(chunk[0].state))
+# %% ../nbs/20_offload.ipynb #21fd2441
+class ChunkMover:
+    """A chunk's trip through the GPU: its copies up on side stream `h2d`, its update on the current stream (or `upd`),
+    its copies down on `d2h`. The streams order themselves by events; on the CPU the same calls run in order."""
+    def __init__(self, device, cuda, overlap=False):
+        self.cuda = cuda
+        self.h2d, self.d2h = (torch.cuda.Stream(device), torch.cuda.Stream(device)) if cuda else (None, None)
+        self.upd = torch.cuda.Stream(device) if cuda and overlap else None   # updates beside the last backward
 
-def _arrival_order(chunks, arrival):
-    "Chunks in the order their last gradient reached the host (`arrival`: slot -> rank); those with none first, in order."
-    return sorted(chunks, key=lambda c: max(arrival.get(pc.slot, -1) for pc in c))
+    def on(self, st):
+        "A context that issues work on side stream `st` (nothing on the CPU, or with `st` None)."
+        return torch.cuda.stream(st) if self.cuda else contextlib.nullcontext()
 
-def _on(self, st):
-    "A context that issues work on side stream `st` (nothing on the CPU, or with `st` None)."
-    return torch.cuda.stream(st) if self.cuda else contextlib.nullcontext()
+    def load(self, pc, m, st):
+        "Issue the copies of piece `pc`'s master and state to their device views `m`, `st` (on the current stream)."
+        m.copy_(pc.master, non_blocking=True)
+        for d, h in zip(st, pc.state): d.copy_(h, non_blocking=True)
 
-def _load(self, pc, m, st):
-    "Issue the copies of piece `pc`'s master and state to their device views `m`, `st` (on the current stream)."
-    m.copy_(pc.master, non_blocking=True)
-    for d, h in zip(st, pc.state): d.copy_(h, non_blocking=True)
+    def take_and_load(self, chunk, ring, region=None):
+        """Room for `chunk` in `ring` (or the `region` preloaded) and, on `h2d`, the copies up of what it lacks there:
+        masters and state unless preloaded, gradients accumulated on the host. Returns what `update_and_write_back` takes."""
+        preloaded = region is not None
+        region, written_back = (region, None) if preloaded else ring.take(_chunk_numel(chunk))
+        views = _chunk_views(region, chunk)
+        with self.on(self.h2d):
+            if written_back is not None: self.h2d.wait_event(written_back)   # what last used this memory has gone down
+            for pc, (m, g, st) in zip(chunk, views):
+                if not preloaded: self.load(pc, m, st)
+                if not _grad_stays(pc): g.copy_(pc.acc, non_blocking=True)
+            up = torch.cuda.current_stream().record_event() if self.cuda else None
+        return chunk, region, views, up
 
+    def update_and_write_back(self, ring, loaded, stream=None):
+        """Update a chunk `take_and_load` placed, once its copies are up, on `stream` (the current one by default); set the
+        model's weights; send masters and state down. Returns the event that marks the write-back's end (None on CPU)."""
+        chunk, region, views, up = loaded
+        with self.on(stream):
+            if up is not None: torch.cuda.current_stream().wait_event(up)
+            _update(chunk, [m for m, _, _ in views], [st for _, _, st in views],
+                    [pc.acc if _grad_stays(pc) else g for pc, (_, g, _) in zip(chunk, views)])
+            for pc, (m, _, _) in zip(chunk, views): pc.p.copy_(m)  # the new working weights, in the model's dtype
+            if self.cuda: self.d2h.wait_stream(torch.cuda.current_stream())
+        with self.on(self.d2h):
+            for pc, (m, _, st) in zip(chunk, views):
+                pc.master.copy_(m, non_blocking=True)
+                for h, d in zip(pc.state, st): h.copy_(d, non_blocking=True)
+            done = torch.cuda.Event(blocking=True) if self.cuda else None   # a thread that waits on it sleeps
+            if done is not None: done.record()
+        ring.lend(region, done)
+        return done
+
+    def write_back_behind(self, ring=None):
+        """The end of a step on CUDA. With `ring` (the one `Preloader` filled, where the GPU has room for it), the
+        write-backs still on their way go down while the next micro-batches compute, and its memory returns to the
+        allocator only once they are done; without, the step waits for them. Either way the next loads wait for them."""
+        if ring is not None: ring.buf.record_stream(self.d2h)
+        else: self.d2h.synchronize()
+        self.h2d.wait_stream(self.d2h)
+
+# %% ../nbs/20_offload.ipynb #157a1b0f
 def _packed(chunks, half):
     "The leading `chunks` that fit a ring of two halves of `half` elements, each within one half, and their offsets there."
     at = 0
@@ -587,224 +683,233 @@ def _packed(chunks, half):
         n = _chunk_numel(chunk)
         if at < half < at + n: at = half
         if at + n > 2 * half: return
-        yield chunk, at; at += n
+        yield chunk, at
+        at += n
 
 def _preload_half(chunks, chunk_bytes, spare_bytes, device):
-    """Elements per half of the ring `preload` fills, sized for every chunk of `chunks` the step may cut, whichever gradients
-    have landed (a chunk of several pieces holds at most `chunk_bytes` of masters, and as much again of gradients and of up
-    to two states; a larger piece is its own); 0 where the GPU's `spare_bytes` cannot hold it and `GPU_HEADROOM` more."""
+    """Elements per half of the ring `Preloader` fills, sized for every chunk of `chunks` the step may cut, whichever
+    gradients have landed (a chunk of several pieces holds at most `chunk_bytes` of masters, and as much again of
+    gradients and of up to two states; a larger piece is its own); 0 where the GPU's `spare_bytes` cannot hold it and
+    `GPU_HEADROOM` more."""
     half = _ring_half(max(chunk_bytes // 4 * 4, *map(_chunk_numel, chunks)), device)
     return half if spare_bytes - 2 * half * 4 >= GPU_HEADROOM else 0
 
+def _spare_bytes(device):
+    "GPU memory beside the most the run has used so far (unbounded on the CPU)."
+    if device.type != 'cuda': return math.inf
+    return torch.cuda.get_device_properties(device).total_memory - torch.cuda.max_memory_allocated(device)
+
+class Preloader:
+    """At the start of a step's last micro-batch, the masters and state of the first streamed chunks (in the order the
+    last step's gradients arrived) into a ring, while the micro-batch computes. Only where the GPU has room for the ring
+    beside the most the run has used so far and `GPU_HEADROOM` more: decided once, at the first step, whose earlier
+    micro-batches peaked where the last will (a later reset of the peak counter must not make room look free)."""
+    def __init__(self, schedule, mover):
+        self.schedule, self.mover = schedule, mover
+        self.half = None               # elements per half of its ring: 0 for none (decided at the first step)
+        self.loaded, self.ring = {}, None   # id(chunk) -> (chunk, its region of `ring`)
+
+    @torch.no_grad()
+    def fill(self):
+        sc, mv = self.schedule, self.mover
+        if mv.cuda and self.ring is not None: mv.h2d.synchronize()   # called again before a step: old loads land first
+        self.loaded, self.ring = {}, None
+        if self.half is None:
+            every = [c for c in sc.chunks(landing=set(sc.store.slots)) if not c[0].slot.resident]
+            if not every: return
+            dev = every[0][0].p.device
+            self.half = _preload_half(every, sc.chunk_bytes, _spare_bytes(dev), dev)
+        # what has a gradient so far (the others may get none this step), in the order the last step's gradients came
+        streamed = [c for c in sc.by_arrival(sc.chunks()) if not c[0].slot.resident]
+        if not self.half or not streamed: return
+        self.ring = _Ring(self.half, streamed[0][0].p.device)
+        if mv.cuda: mv.h2d.wait_stream(torch.cuda.current_stream())   # the ring's memory, just allocated there
+        with mv.on(mv.h2d):
+            for chunk, at in _packed(streamed, self.half):
+                region = self.ring.buf[at:at + _chunk_numel(chunk)]
+                for pc, (m, _, st) in zip(chunk, _chunk_views(region, chunk)): mv.load(pc, m, st)
+                self.loaded[id(chunk)] = (chunk, region)
+
+    def take(self):
+        "What `fill` loaded (id(chunk) -> (chunk, region)) and its ring, handed to the step; nothing left behind."
+        out = self.loaded, self.ring
+        self.loaded, self.ring = {}, None
+        return out
+
+    def drop(self):
+        "Forget what `fill` loaded, once its loads have landed: the ring's memory goes."
+        if self.mover.cuda: self.mover.h2d.synchronize()
+        self.loaded, self.ring = {}, None
+
+# %% ../nbs/20_offload.ipynb #9f1d13ab
+class OffloadOptimizer:
+    "Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU (but for `gpu_bytes` of it)."
+    def __init__(self, model, accum='cpu', pool=None, chunk_bytes=CHUNK_BYTES, gpu_bytes=0, accum_gpu_bytes=0,
+                 overlap=False, **opt_kwargs):
+        self.reference = build_optimizer(model, **opt_kwargs)  # the groups and hyperparameters; its state stays empty
+        self.accum, self.chunk_bytes, self.overlap = accum, chunk_bytes, overlap
+        self.store = HostStore(self.reference.param_groups, accum, pool, gpu_bytes, accum_gpu_bytes)
+        self.slots, self.pool = self.store.slots, self.store.pool
+        self.resident_gib, self.accum_gpu_gib = self.store.resident_gib, self.store.accum_gpu_gib
+        self.cuda = any(s.p.is_cuda for s in self.slots)
+        self.mover = ChunkMover(self.slots[0].p.device, self.cuda, overlap)   # on the model's GPU, whichever is current
+        self.inbox = GradientInbox(self.store, self.mover.d2h)
+        self.staging = self.inbox.staging   # since construction: see `GradientInbox._stage`
+        self.schedule = UpdateSchedule(self.store, chunk_bytes)
+        self.preloader = Preloader(self.schedule, self.mover)
+        self.early = EarlyStream(self.schedule, self.mover, self.inbox) if overlap else None
+        # of the last step: the host accumulation tail, the streamed update, what `preload` loaded before it, what
+        # streamed during the last backward (`overlap`)
+        self.timings = dict(wait_s=0.0, stream_s=0.0, preloaded_gib=0.0, early_gib=0.0)
+
+    @property
+    def param_groups(self): return self.reference.param_groups
+    def set_lr_factor(self, f): self.reference.set_lr_factor(f)
+    def wait(self): self.inbox.wait()
+
+    def preload(self):
+        "A step's last micro-batch starts: load its first chunks (`Preloader`), or with `overlap` arm `EarlyStream`."
+        if self.early is not None: self.early.arm()
+        else: self.preloader.fill()
+
+    def zero_grad(self, set_to_none=True):
+        "Gradients live in the accumulators; the next micro-batch overwrites them (see `fresh`)."
+        self.wait()
+        for s in self.slots: s.p.grad = None
+
+    def discard(self):
+        "Drop the gradients accumulated since the last step (a skipped, non-finite step): the next micro-batch starts afresh."
+        if self.early is not None and self.early.streamed_now():
+            raise RuntimeError('this step updated parameters during the last backward (overlap): it cannot be discarded')
+        self.zero_grad()
+        for s in self.slots: s.fresh = True
+        self.preloader.drop()   # preloaded chunks: their loads land before the ring's memory goes
+        if self.early is not None: self.early.disarm()
+
+    def _landed(self):
+        "Block until the host holds every gradient and every write-back: what reads or writes the host state waits."
+        self.wait()
+        if self.cuda: self.mover.d2h.synchronize()
+
+    def state_dict(self):
+        "Group hyperparameters and every parameter's FP32 master, optimizer state and step (host tensors)."
+        self._landed()
+        return dict(groups=[{k: v for k, v in g.items() if k != 'params'} for g in self.param_groups],
+                    slots=self.store.saved())
+
+    def load_state_dict(self, sd):
+        n = len(sd['slots'])
+        if n != len(self.slots): raise UsageError(f'optimizer state has {n} parameters, the model {len(self.slots)}')
+        self._landed()
+        for g, saved in zip(self.param_groups, sd['groups']): g.update(saved)
+        self.store.restore(sd['slots'])
+
+    def step(self):
+        "One optimizer step over every parameter that received a gradient (`_step`: the walk over its chunks)."
+        _step(self)
+
+# %% ../nbs/20_offload.ipynb #d9d3767e
 @torch.no_grad()
-def _preload(self):
-    """At the start of a step's last micro-batch: load the masters and state of the first streamed chunks (in the order
-    the last step's gradients arrived) into the ring while the micro-batch computes, so that the step finds them there.
-    Only where the GPU has room for the ring beside the most the run has used so far, and `GPU_HEADROOM` more: decided
-    once, at the first step, whose earlier micro-batches peaked where the last will (a later reset of the peak counter,
-    as the bench makes to read memory phase by phase, must not make room look free)."""
-    if self.overlap: return self._arm_early()
-    if self.cuda and self.ring is not None: self.h2d.synchronize()   # called again before a step: the old loads land first
-    self.preloaded, self.ring = {}, None
-    if self.preload_half is None:
-        every = [c for c in self._chunks(landing=set(self.slots)) if not c[0].slot.resident]
-        if not every: return
-        dev = every[0][0].p.device
-        spare = torch.cuda.get_device_properties(dev).total_memory - torch.cuda.max_memory_allocated(dev) if dev.type == 'cuda' else math.inf
-        self.preload_half = _preload_half(every, self.chunk_bytes, spare, dev)
-    # what has a gradient so far (the others may get none this step), in the order the last step's gradients arrived
-    streamed = [c for c in _arrival_order(self._chunks(), self.arrival) if not c[0].slot.resident]
-    if not self.preload_half or not streamed: return
-    half, dev = self.preload_half, streamed[0][0].p.device
-    self.ring = _Ring(half, dev)
-    if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())   # the ring's memory, just allocated there
-    with self._on(self.h2d):
-        for chunk, at in _packed(streamed, half):
-            region = self.ring.buf[at:at + _chunk_numel(chunk)]
-            for pc, (m, _, st) in zip(chunk, _chunk_views(region, chunk)): self._load(pc, m, st)
-            self.preloaded[id(chunk)] = (chunk, region)
-
-OffloadOptimizer._on, OffloadOptimizer._load, OffloadOptimizer.preload = _on, _load, _preload
-
-# %% ../nbs/20_offload.ipynb #f72abf6f
-def _take_and_load(self, chunk, ring, region=None):
-    """Device room for `chunk` in `ring` (or the `region` that `preload` filled) and, on the copy stream, the copies up of
-    what it lacks there: masters and state unless preloaded, gradients that accumulated on the host. Returns the chunk, its
-    region, its views and the event that marks its copies up."""
-    preloaded = region is not None
-    region, written_back = (region, None) if preloaded else ring.take(_chunk_numel(chunk))
-    views = _chunk_views(region, chunk)
-    with self._on(self.h2d):
-        if written_back is not None: self.h2d.wait_event(written_back)   # what last used this memory has gone down
-        for pc, (m, g, st) in zip(chunk, views):
-            if not preloaded: self._load(pc, m, st)
-            if not _grad_stays(pc): g.copy_(pc.acc, non_blocking=True)
-        if self.cuda: (up := torch.cuda.Event()).record()
-    return chunk, region, views, up if self.cuda else None
-
-def _update_and_write_back(self, ring, loaded, stream=None):
-    """Update a chunk `_take_and_load` placed, once its copies are up, on `stream` (the current one by default); set the
-    model's weights; send masters and state down. Returns the event that marks the write-back's end (None without CUDA)."""
-    chunk, region, views, up = loaded
-    with self._on(stream):
-        if up is not None: torch.cuda.current_stream().wait_event(up)
-        _update(chunk, [m for m, _, _ in views], [st for _, _, st in views],
-                [pc.acc if _grad_stays(pc) else g for pc, (_, g, _) in zip(chunk, views)])
-        for pc, (m, _, _) in zip(chunk, views): pc.p.copy_(m)  # the new working weights, cast to the model's dtype
-        if self.cuda: self.d2h.wait_stream(torch.cuda.current_stream())
-    with self._on(self.d2h):
-        for pc, (m, _, st) in zip(chunk, views):
-            pc.master.copy_(m, non_blocking=True)
-            for h, d in zip(pc.state, st): h.copy_(d, non_blocking=True)
-        if self.cuda: (done := torch.cuda.Event(blocking=True)).record()   # a thread that waits on it sleeps
-    ring.lend(region, done if self.cuda else None)
-    return done if self.cuda else None
-
-# %% ../nbs/20_offload.ipynb #2aa1c9bc
-@torch.no_grad()
-def _step(self):
-    "One optimizer step over every parameter that received a gradient, streamed chunk by chunk through a ring of device memory."
-    t0, waited = time.perf_counter(), 0.0
-    early = self._finish_early()   # the chunks the last backward streamed already (with `overlap`)
+def _step(opt):
+    "One optimizer step over every parameter that received a gradient, streamed chunk by chunk through a ring."
+    t0, waited, mover, sched = time.perf_counter(), 0.0, opt.mover, opt.schedule
+    early = opt.early.finish() if opt.early is not None else []   # the chunks the last backward streamed (`overlap`)
     landing = defaultdict(list)   # slot -> gradients still on their way to its host accumulator
-    for s, f in self.pending: landing[s].append(f)
+    for s, f in opt.inbox.pending: landing[s].append(f)
     # Once, not per chunk: the copy stream sees the gradients the backward pass left (and whatever last used the
     # ring's memory); from then on the streams order themselves by events, and the CPU never waits for the GPU.
-    if self.cuda: self.h2d.wait_stream(torch.cuda.current_stream())
+    if opt.cuda: mover.h2d.wait_stream(torch.cuda.current_stream())
     # Chunks go in the order their gradients reach the host (the worker adds them in arrival order), so streaming
     # starts with what has landed while the host still accumulates the rest; each chunk waits only for its own.
-    self.arrival = {s: i for i, (s, _) in enumerate(self.pending)}   # a slot's last gradient of this step
-    # the chunks `preload` loaded first (their masters and state are on the GPU or on their way), then the rest
-    pre, ring, self.preloaded, self.ring = self.preloaded, self.ring, {}, None
+    sched.arrival = {s: i for i, (s, _) in enumerate(opt.inbox.pending)}   # a slot's last gradient of this step
+    pre, ring = opt.preloader.take()   # the chunks loaded first (on the GPU or on their way), then the rest
     skip = {pc.key for c in [*early, *(c for c, _ in pre.values())] for pc in c}
-    chunks = [c for c, _ in pre.values()] + _arrival_order(self._chunks(landing, skip), self.arrival)
+    chunks = [c for c, _ in pre.values()] + sched.by_arrival(sched.chunks(landing, skip))
     streamed = [c for c in chunks if not c[0].slot.resident]
-    dev = streamed[0][0].p.device if streamed else None
-    if ring is None and streamed: ring = _Ring(_ring_half(max(map(_chunk_numel, streamed)), dev), dev)
+    if ring is None and streamed:
+        dev = streamed[0][0].p.device
+        ring = _Ring(_ring_half(max(map(_chunk_numel, streamed)), dev), dev)
     for chunk in chunks:
         tw = time.perf_counter()
-        for pc in chunk:
-            for f in landing.pop(pc.slot, ()): f.result()
+        for f in (f for pc in chunk for f in landing.pop(pc.slot, ())): f.result()
         waited += time.perf_counter() - tw
-        if chunk[0].slot.resident:   # updated where it lives
-            _update(chunk, [pc.master for pc in chunk], [pc.state for pc in chunk], [pc.acc for pc in chunk])
-            for pc in chunk: pc.p.copy_(pc.master)
-            continue
-        self._update_and_write_back(ring, self._take_and_load(chunk, ring, pre[id(chunk)][1] if id(chunk) in pre else None))
-    for s in {pc.slot for c in [*chunks, *early] for pc in c}:
-        s.fresh = True   # the next micro-batch's gradient overwrites the accumulator
-        if 'momentum' not in s.group: s.step += 1   # AdamW's count, once however many pieces it took
-    if self.cuda: self._write_back_behind(ring if pre else None)
-    self.early_ring = None
-    self.wait()   # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
+        if chunk[0].slot.resident: _update_resident(chunk)
+        else: mover.update_and_write_back(ring, mover.take_and_load(chunk, ring, pre.get(id(chunk), (None, None))[1]))
+    opt.store.stepped({pc.slot for c in [*chunks, *early] for pc in c})
+    if opt.cuda: mover.write_back_behind(ring if pre else None)
+    if opt.early is not None: opt.early.ring = None
+    opt.wait()   # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
     total = time.perf_counter() - t0
-    state_gib = lambda chunks: sum(pc.numel * 4 * (1 + len(pc.state)) for c in chunks for pc in c) / GiB   # masters and state
-    self.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=state_gib(c for c, _ in pre.values()),
-                        early_gib=state_gib(early))
+    state_gib = lambda chunks: sum(pc.numel * 4 * (1 + len(pc.state)) for c in chunks for pc in c) / GiB   # masters, state
+    opt.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=state_gib(c for c, _ in pre.values()),
+                       early_gib=state_gib(early))
 
-def _write_back_behind(self, ring=None):
-    """The end of a step on CUDA. With `ring` (the one `preload` filled, where the GPU has room for it beside the
-    micro-batches), the write-backs still on their way go down while the next micro-batches compute, and its memory
-    returns to the allocator only once they are done; without, the step waits for them. Either way the next loads wait
-    for them, as they read what they write."""
-    if ring is not None: ring.buf.record_stream(self.d2h)
-    else: self.d2h.synchronize()
-    self.h2d.wait_stream(self.d2h)
+# %% ../nbs/20_offload.ipynb #b9700f3b
+EARLY_IN_FLIGHT = 3   # chunks the last backward's streaming has issued and not yet written back (see `EarlyStream.issue`)
 
-def _landed(self):
-    "Block until the host holds every gradient and every write-back: what reads or writes the host state waits for this."
-    self.wait()
-    if self.cuda: self.d2h.synchronize()
+class EarlyStream:
+    """With `overlap`: during a step's last backward, the chunks whose gradients all accumulate on the GPU stream as soon
+    as backward has given them all, in the order the last step's gradients came (`gpu_arrival`), from an issuer thread."""
+    def __init__(self, schedule, mover, inbox):
+        self.schedule, self.mover, self.inbox = schedule, mover, inbox
+        self.issuer = ThreadPoolExecutor(1) if mover.upd else None   # so that backward's thread never waits
+        self.queue, self.streamed, self.final_order, self.gpu_arrival, self.ring = None, [], {}, {}, None
 
-OffloadOptimizer._take_and_load, OffloadOptimizer._update_and_write_back = _take_and_load, _update_and_write_back
-OffloadOptimizer._write_back_behind, OffloadOptimizer._landed = _write_back_behind, _landed
+    def arm(self):
+        "At the start of a step's last micro-batch: the chunks to stream during its backward, and the hook's callback."
+        sc = self.schedule
+        chunks = sc.by_arrival(sc.chunks(landing=set(sc.store.slots)), self.gpu_arrival)
+        self.queue = collections.deque(c for c in chunks if not c[0].slot.resident and not _grad_room(c))
+        self.arrived, self.streamed, self.final_order, self.ring = set(), [], {}, None
+        self.issuing, self.in_flight = [], collections.deque()   # the issuer's jobs, and its chunks' write-back events
+        self.inbox.on_final = self.gradient_final
 
-# %% ../nbs/20_offload.ipynb #06cd71d1
-def _zero_grad(self, set_to_none=True):
-    "Gradients live in the accumulators; the next micro-batch overwrites them (see `fresh`)."
-    self.wait()
-    for s in self.slots: s.p.grad = None
+    def disarm(self):
+        self.queue, self.inbox.on_final = None, None
 
-def _discard(self):
-    "Drop the gradients accumulated since the last step (a skipped, non-finite step): the next micro-batch starts afresh."
-    if self.early is not None and self.streamed_early:
-        raise RuntimeError('this step updated parameters during the last backward (overlap): it cannot be discarded')
-    self.zero_grad()
-    for s in self.slots: s.fresh = True
-    if self.cuda: self.h2d.synchronize()   # preloaded chunks: their loads land before the ring's memory goes
-    self.preloaded, self.ring, self.early = {}, None, None
+    def streamed_now(self):
+        "Whether this step has updated parameters during the backward so far."
+        return self.queue is not None and bool(self.streamed)
 
-OffloadOptimizer.step, OffloadOptimizer.zero_grad, OffloadOptimizer.discard = _step, _zero_grad, _discard
+    @torch.no_grad()
+    def gradient_final(self, s):
+        "Slot `s` has its last gradient of the step: stream the chunks now complete, on side streams only."
+        self.final_order[s] = len(self.final_order)
+        self.arrived.add(s)
+        complete = lambda: self.queue and all(pc.slot in self.arrived for pc in self.queue[0])   # the next chunk's
+        if not complete(): return
+        if self.ring is None:   # two of the largest chunks: backward still holds most of the GPU
+            self.ring = _Ring(max(map(_chunk_numel, self.queue)), self.queue[0][0].p.device)
+        # what backward has queued so far: the ring's memory, the accumulators' last additions, the kernels that read
+        # these parameters
+        queued = torch.cuda.current_stream().record_event() if self.mover.cuda else None
+        while complete():
+            chunk = self.queue.popleft()
+            self.streamed.append(chunk)
+            if self.issuer: self.issuing.append((self.issuer.submit(self.issue, chunk, queued), chunk))
+            else: self.issue(chunk, queued)
 
-# %% ../nbs/20_offload.ipynb #89046b85
-def _arm_early(self):
-    """With `overlap`, at the start of a step's last micro-batch: the chunks whose gradients all accumulate on the GPU
-    stream as soon as this backward has given them all, in the order the last step's gradients came (`gpu_arrival`)."""
-    chunks = _arrival_order(self._chunks(landing=set(self.slots)), self.gpu_arrival)
-    self.early = collections.deque(c for c in chunks if not c[0].slot.resident and not _grad_room(c))
-    self.arrived, self.streamed_early, self.final_order, self.early_ring = set(), [], {}, None
-    self.issuing, self.in_flight = [], collections.deque()   # the issuer's jobs, and its chunks' write-back events
+    @torch.no_grad()   # on the issuer's thread too, whose grad mode is its own
+    def issue(self, chunk, queued):
+        """Load, update and write back one complete chunk after what backward had `queued` when it completed, at most
+        `EARLY_IN_FLIGHT` chunks ahead of the link: work launched far ahead of the copies waits in CUDA's launch queue,
+        and a full queue blocks the thread that launches (from backward's own thread, it held `backward()` up)."""
+        mv = self.mover
+        if mv.cuda:
+            while len(self.in_flight) >= EARLY_IN_FLIGHT: self.in_flight.popleft().synchronize()
+            mv.h2d.wait_event(queued)
+            mv.upd.wait_event(queued)
+        done = mv.update_and_write_back(self.ring, mv.take_and_load(chunk, self.ring), mv.upd)
+        if done is not None: self.in_flight.append(done)
 
-EARLY_IN_FLIGHT = 3   # chunks the last backward's streaming has issued and not yet written back (see `_issue_early`)
-
-@torch.no_grad()
-def _gradient_final(self, s):
-    "Slot `s` has its last gradient of the step: stream the chunks now complete, on side streams only."
-    self.final_order[s] = len(self.final_order)
-    self.arrived.add(s)
-    complete = lambda: self.early and all(pc.slot in self.arrived for pc in self.early[0])   # the next chunk's gradients
-    if not complete(): return
-    if self.early_ring is None:   # two of the largest chunks: backward still holds most of the GPU
-        self.early_ring = _Ring(max(map(_chunk_numel, self.early)), self.early[0][0].p.device)
-    # what backward has queued so far: the ring's memory, the accumulators' last additions, the kernels that read these parameters
-    queued = torch.cuda.current_stream().record_event() if self.cuda else None
-    while complete():
-        chunk = self.early.popleft(); self.streamed_early.append(chunk)
-        if self.issuer: self.issuing.append((self.issuer.submit(self._issue_early, chunk, queued), chunk))
-        else: self._issue_early(chunk, queued)
-
-@torch.no_grad()   # on the issuer's thread too, whose grad mode is its own
-def _issue_early(self, chunk, queued):
-    """Load, update and write back one complete chunk after what backward had `queued` when it completed. On CUDA this runs
-    on a thread of its own, at most `EARLY_IN_FLIGHT` chunks ahead of the link: work launched far ahead of the copies waits
-    in CUDA's launch queue, and a full queue blocks the thread that launches (launched from backward's own thread, it held
-    `backward()` up until the GPU got through it)."""
-    if self.cuda:
-        while len(self.in_flight) >= EARLY_IN_FLIGHT: self.in_flight.popleft().synchronize()
-        self.h2d.wait_event(queued); self.upd.wait_event(queued)
-    done = self._update_and_write_back(self.early_ring, self._take_and_load(chunk, self.early_ring), self.upd)
-    if done is not None: self.in_flight.append(done)
-
-def _finish_early(self):
-    """At the step: the chunks the last backward streamed (none without `overlap`), their weights in place for what
-    follows. Those the issuer has not begun go back to the step, whose ring (backward's memory, now free) streams them
-    faster than the issuer's two chunks in flight."""
-    if self.early is None: return []
-    back = {id(c) for f, c in self.issuing if f.cancel()}
-    for f, c in self.issuing:
-        if id(c) not in back: f.result()   # every chunk begun is issued (and an error in one raised here)
-    if self.cuda: torch.cuda.current_stream().wait_stream(self.upd)
-    self.gpu_arrival, self.early = self.final_order, None
-    return [c for c in self.streamed_early if id(c) not in back]
-
-OffloadOptimizer._arm_early, OffloadOptimizer._gradient_final, OffloadOptimizer._issue_early = _arm_early, _gradient_final, _issue_early
-OffloadOptimizer._finish_early = _finish_early
-
-# %% ../nbs/20_offload.ipynb #53e89b69
-def _state_dict(self):
-    "Group hyperparameters and every parameter's FP32 master, optimizer state and step (host tensors)."
-    self._landed()
-    return dict(groups=[{k: v for k, v in g.items() if k != 'params'} for g in self.param_groups],
-                slots=[dict(master=s.master.cpu(), state=[x.cpu() for x in s.state], step=s.step) for s in self.slots])
-
-@torch.no_grad()
-def _load_state_dict(self, sd):
-    if len(sd['slots']) != len(self.slots): raise UsageError(f"optimizer state has {len(sd['slots'])} parameters, the model {len(self.slots)}")
-    self._landed()
-    for g, saved in zip(self.param_groups, sd['groups']): g.update(saved)
-    for s, d in zip(self.slots, sd['slots']):
-        s.master.copy_(d['master']); s.step.copy_(d['step'])
-        for h, x in zip(s.state, d['state']): h.copy_(x)
-        s.p.copy_(s.master)  # the working weights follow the masters
-
-OffloadOptimizer.state_dict, OffloadOptimizer.load_state_dict = _state_dict, _load_state_dict
+    def finish(self):
+        """At the step: the chunks the last backward streamed, their weights in place for what follows. Those the issuer
+        has not begun go back to the step, whose ring (backward's memory, now free) streams them faster."""
+        if self.queue is None: return []
+        back = {id(c) for f, c in self.issuing if f.cancel()}
+        for f, c in self.issuing:
+            if id(c) not in back: f.result()   # every chunk begun is issued (and an error in one raised here)
+        if self.mover.cuda: torch.cuda.current_stream().wait_stream(self.mover.upd)
+        self.gpu_arrival = self.final_order
+        self.disarm()
+        return [c for c in self.streamed if id(c) not in back]

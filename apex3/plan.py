@@ -23,7 +23,9 @@ def parse_number(s) -> float:
     "Read `21B`, `1.5T`, `4.19M`, `32e9` or a plain number."
     if isinstance(s, (int, float)) and not isinstance(s, bool): return float(s)
     m = re.fullmatch(r'\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([kKmMbBgGtT]?)\s*', str(s))
-    if not m: raise UsageError(f"cannot read {s!r} as a number: write digits with an optional K, M, B or T suffix (21B, 1.5T, 32e9)")
+    if not m:
+        raise UsageError(f"cannot read {s!r} as a number: write digits with an optional K, M, B or T suffix "
+                         "(21B, 1.5T, 32e9)")
     x = float(Decimal(m[1]) * _SUFFIX[m[2].upper()])  # Decimal: 4.19M is exactly 4,190,000
     if not math.isfinite(x): raise UsageError(f'{s!r} is beyond what a float holds (about 1.8e308)')
     return x
@@ -37,11 +39,20 @@ def fmt_count(x: float) -> str:
 # %% ../nbs/00_plan.ipynb #b1a8e932
 @dataclass(frozen=True)
 class GPU:
-    name: str; bf16: float; fp8: float|None; mem_gb: float; hbm_tbs: float; scaleup: int; per_node: int; source: str
+    name: str
+    bf16: float
+    fp8: float|None
+    mem_gb: float
+    hbm_tbs: float
+    scaleup: int
+    per_node: int
+    source: str
     def peak(self, precision):
         "Dense peak FLOP/s for `precision`; an error if the GPU has no tensor cores for it."
         tf = self.fp8 if precision == 'fp8' else self.bf16
-        if tf is None: raise UsageError(f"{self.name} has no {precision.upper()} tensor cores: choose another --precision or --gpu")
+        if tf is None:
+            raise UsageError(f'{self.name} has no {precision.upper()} tensor cores: '
+                             'choose another --precision or --gpu')
         return tf * 1e12
 
 _DS = 'data sheet, dense'
@@ -58,7 +69,8 @@ GPUS = {g.name: g for g in [
     GPU('RTX 5090', 209.5, 419, 32,  1.79, 1,  4, 'NVIDIA RTX Blackwell (GB202) whitepaper, dense; 4-GPU workstation'),
     GPU('RTX 4090', 165.2, 330.3, 24, 1.01, 1, 4, 'NVIDIA Ada (AD102) whitepaper, dense; 4-GPU workstation'),
     GPU('RTX 3090', 71,   None, 24,  0.94, 2,  2, 'NVIDIA Ampere (GA102) whitepaper, dense; NVLink bridge pairs two'),
-    GPU('GTX 1660', None, None, 6,   0.19, 1,  1, 'NVIDIA TU116 specs: no BF16 tensor cores (FP16 ~10 TF, FP32 5.0 TF)'),
+    GPU('GTX 1660', None, None, 6,   0.19, 1,  1,
+        'NVIDIA TU116 specs: no BF16 tensor cores (FP16 ~10 TF, FP32 5.0 TF)'),
 ]}
 
 # %% ../nbs/00_plan.ipynb #3d399974
@@ -115,10 +127,17 @@ def activation_bytes(level, layers, width, seq, tp, micro_batch=1, heads=None):
 # %% ../nbs/00_plan.ipynb #ed02648e
 @dataclass
 class Layout:
-    tp: int; pp: int; recompute: str
-    dp: int = 0; gpus: int = 0; days: float = math.inf
-    states_gib: float = 0.; act_gib: float = 0.
-    fits: bool = False; meets_target: bool = False; why: str = ''
+    tp: int
+    pp: int
+    recompute: str
+    dp: int = 0
+    gpus: int = 0
+    days: float = math.inf
+    states_gib: float = 0.
+    act_gib: float = 0.
+    fits: bool = False
+    meets_target: bool = False
+    why: str = ''
     @property
     def mem_gib(self): return self.states_gib + self.act_gib
 
@@ -126,8 +145,19 @@ class Layout:
 @dataclass
 class _Run:
     "What the layout search needs to know about a run."
-    active: float; total: float; tokens: float; layers: int; width: int; seq: int
-    rate: float; mem_gib: float; scaleup: int; state_bytes: int; batch_seqs: int; cap: int; heads: int
+    active: float
+    total: float
+    tokens: float
+    layers: int
+    width: int
+    seq: int
+    rate: float
+    mem_gib: float
+    scaleup: int
+    state_bytes: int
+    batch_seqs: int
+    cap: int
+    heads: int
 
     @property
     def budget(self): return MEM_FRACTION * self.mem_gib
@@ -169,7 +199,7 @@ def _with_activations(run, tp, pp, level):
 
 # %% ../nbs/00_plan.ipynb #35a13ff9
 def _min_dp(run, lay, target_days):
-    "Smallest DP meeting the target and the memory budget (inf if time cannot be met; None if activations alone overflow)."
+    "Smallest DP meeting the target and the memory budget (inf if time cannot be met; None if activations overflow)."
     free = run.budget - lay.act_gib
     if free <= 0: return None
     g = lay.tp * lay.pp
@@ -188,10 +218,13 @@ def search_target(run, target_days):
         dp, top = _min_dp(run, lay, target_days), _max_dp(run, lay)
         if dp is None: lay.why = 'activations alone exceed the memory budget'
         elif top < 1: lay.why = 'TP×PP exceeds the GPU cap'
-        elif dp <= top: run.sized(lay, dp); lay.meets_target = lay.fits
+        elif dp <= top:
+            run.sized(lay, dp)
+            lay.meets_target = lay.fits
         else:
             run.sized(lay, top)
-            lay.why = f'DP would need {dp:,} (batch or GPU cap allows {top:,})' if dp < math.inf else 'the pipeline bubble alone exceeds the target'
+            lay.why = (f'DP would need {dp:,} (batch or GPU cap allows {top:,})' if dp < math.inf
+                       else 'the pipeline bubble alone exceeds the target')
         out.append(lay)
     return out
 
@@ -221,12 +254,21 @@ BYTES = {'bf16': 2, 'fp8': 1}
 
 @dataclass
 class Serving:
-    params: float; active: float; precision: str; gpu: str; context: int; batch: int
-    weights_gib: float; kv_gib: float; gpus: int; tokens_per_s: float
+    params: float
+    active: float
+    precision: str
+    gpu: str
+    context: int
+    batch: int
+    weights_gib: float
+    kv_gib: float
+    gpus: int
+    tokens_per_s: float
     def __str__(self):
         return (f'{self.weights_gib:,.0f} GB weights in {self.precision} + KV cache -> {self.gpus} x {self.gpu}')
 
-def inference(params, precision='bf16', gpu='H100', context=4096, batch=1, active=None, layers=None, width=None, kv_width=None):
+def inference(params, precision='bf16', gpu='H100', context=4096, batch=1, active=None, layers=None, width=None,
+              kv_width=None):
     "GPUs needed to serve a model: weights plus KV cache over 90% of GPU memory; decode tokens/s."
     params, g = parse_number(params), find_gpu(gpu)
     active = parse_number(active) if active else params
@@ -245,19 +287,36 @@ GPU_CAP = 200_000
 def _check_inputs(params, active, tokens, mfu, precision, optimizer, seq, batch_tokens):
     if params <= 0: raise UsageError(f'parameters must be positive, got {fmt_count(params)}')
     if active <= 0: raise UsageError(f'active parameters must be positive, got {fmt_count(active)}')
-    if active > params: raise UsageError(f'active parameters ({fmt_count(active)}) exceed total parameters ({fmt_count(params)})')
+    if active > params:
+        raise UsageError(f'active parameters ({fmt_count(active)}) exceed total parameters ({fmt_count(params)})')
     if tokens <= 0: raise UsageError(f'tokens must be positive, got {fmt_count(tokens)}')
     if not 0 < mfu <= 1: raise UsageError(f'MFU must be in (0, 1], got {mfu}')
     if precision not in BYTES: raise UsageError(f"unknown precision {precision!r} (choose from {', '.join(BYTES)})")
-    if optimizer not in STATE_BYTES: raise UsageError(f"unknown optimizer {optimizer!r} (choose from {', '.join(STATE_BYTES)})")
-    if seq <= 0 or batch_tokens < seq: raise UsageError(f'the sequence ({seq}) must be positive and fit the batch ({fmt_count(batch_tokens)} tokens)')
+    if optimizer not in STATE_BYTES:
+        raise UsageError(f"unknown optimizer {optimizer!r} (choose from {', '.join(STATE_BYTES)})")
+    if seq <= 0 or batch_tokens < seq:
+        raise UsageError(f'the sequence ({seq}) must be positive and fit the batch ({fmt_count(batch_tokens)} tokens)')
 
 # %% ../nbs/00_plan.ipynb #adc48a93
 @dataclass
 class Plan:
-    params: float; active: float; tokens: float; gpu: GPU; precision: str; optimizer: str
-    seq: int; layers: int; width: int; mfu: float; batch_tokens: int; target_days: float
-    layout: Layout; candidates: list; serving: Serving; fixed_gpus: int|None = None; run: _Run|None = None
+    params: float
+    active: float
+    tokens: float
+    gpu: GPU
+    precision: str
+    optimizer: str
+    seq: int
+    layers: int
+    width: int
+    mfu: float
+    batch_tokens: int
+    target_days: float
+    layout: Layout
+    candidates: list
+    serving: Serving
+    fixed_gpus: int|None = None
+    run: _Run|None = None
     diloco: object = None   # a `DiLoCoPlan` when the run is one of several DiLoCo workers
     @property
     def gpus(self): return self.layout.gpus
@@ -326,7 +385,8 @@ def _plan_dict(self):
     return dict(params=self.params, active=self.active, tokens=self.tokens, gpu=self.gpu.name, precision=self.precision,
                 optimizer=self.optimizer, seq=self.seq, layers=self.layers, width=self.width, mfu=self.mfu,
                 batch_tokens=self.batch_tokens, steps=self.steps, flops=self.flops, gpus=self.gpus, nodes=self.nodes,
-                tp=l.tp, pp=l.pp, dp=l.dp, recompute=l.recompute, mem_gib_per_gpu=l.mem_gib, states_gib_per_gpu=l.states_gib,
+                tp=l.tp, pp=l.pp, dp=l.dp, recompute=l.recompute, mem_gib_per_gpu=l.mem_gib,
+                states_gib_per_gpu=l.states_gib,
                 activations_gib_per_gpu=l.act_gib, states_total_gib=self.states_total_gib, data_gib=self.data_gib,
                 days=self.days, gpu_hours=self.gpu_hours, target_days=self.target_days, target_met=self.target_met,
                 serving=dataclasses.asdict(self.serving), summary=plan_headline(self),
@@ -347,14 +407,17 @@ def config_inputs(config) -> dict:
 def plan(params=None, active=None, tokens=None, gpu='H100', gpus=None, days=90, precision='bf16', optimizer='adamw',
          seq=None, layers=None, width=None, mfu=0.4, batch_tokens=2**22, config=None,
          diloco_workers=None, diloco_every=500, link_gbs=0.125, diloco_compress='fp32') -> Plan:
-    """Plan a training run: the fewest GPUs that finish in `days` (or the fastest layout on `gpus`). With `diloco_workers`,
-    the plan is one worker's, and its `diloco` says what DiLoCo rounds cost on a `link_gbs` link between the workers."""
+    """Plan a training run: the fewest GPUs that finish in `days` (or the fastest layout on `gpus`). With
+    `diloco_workers`, the plan is one worker's, and its `diloco` says what DiLoCo rounds cost on a `link_gbs` link
+    between the workers."""
     heads = kv_width = None
     if config is not None:
-        if params is not None: raise UsageError('give PARAMS or --config, not both: the config sets the parameter counts')
+        if params is not None:
+            raise UsageError('give PARAMS or --config, not both: the config sets the parameter counts')
         cfg = config_inputs(config)
         params, active, heads, kv_width = cfg['params'], cfg['active'], cfg['heads'], cfg['kv_width']
-        layers, width, seq = (cfg[k] if v is None else v for k, v in (('layers', layers), ('width', width), ('seq', seq)))
+        given = (('layers', layers), ('width', width), ('seq', seq))
+        layers, width, seq = (cfg[k] if v is None else v for k, v in given)
     if params is None: raise UsageError('give the parameter count (21B, 1.5T) or --config NAME')
     params = parse_number(params)
     active = parse_number(active) if active is not None else params
@@ -374,7 +437,9 @@ def plan(params=None, active=None, tokens=None, gpu='H100', gpus=None, days=90, 
     serving = inference(params, precision, g, context=seq, active=active, layers=L, width=d, kv_width=kv_width)
     p = Plan(params, active, tokens, g, precision, optimizer, seq, L, d, mfu, batch_tokens,
              days, best, cands, serving, None if gpus is None else int(gpus), run)
-    if diloco_workers: p.diloco = diloco_plan(params, p.days * 86400 / p.steps, diloco_workers, diloco_every, link_gbs, diloco_compress)
+    if diloco_workers:
+        step_s = p.days * 86400 / p.steps
+        p.diloco = diloco_plan(params, step_s, diloco_workers, diloco_every, link_gbs, diloco_compress)
     return p
 
 def _no_fit_message(run, cands, gpus):
@@ -385,14 +450,19 @@ def _no_fit_message(run, cands, gpus):
         return (f'no layout fits a {run.mem_gib:g} GB GPU: even TP {least.tp} with {least.recompute} recompute keeps '
                 f'{least.act_gib:.1f} GiB of activations, over the {run.budget:.1f} GiB budget')
     need = math.ceil(run.total * run.state_bytes / GiB / free)
-    return f'{gpus or run.cap:,} GPUs cannot hold the model: its states need at least {need:,} GPUs of {run.mem_gib:g} GB'
+    return (f'{gpus or run.cap:,} GPUs cannot hold the model: its states need at least {need:,} GPUs of '
+            f'{run.mem_gib:g} GB')
 
 # %% ../nbs/00_plan.ipynb #9fc4c639
 REAL_RUNS = [  # published GPU-hours of pretraining (technical reports); shape: (layers, width, seq)
-    dict(run='Llama 3 405B', active=405e9, tokens=15.6e12, gpu='H100', precision='bf16', shape=(126, 16384, 8192), gpu_hours=30.84e6),
-    dict(run='Llama 2 70B', active=70e9, tokens=2e12, gpu='A100', precision='bf16', shape=(80, 8192, 4096), gpu_hours=1.72e6),
-    dict(run='DeepSeek-V3 (FP8 peak)', active=37e9, tokens=14.8e12, gpu='H100', precision='fp8', shape=(61, 7168, 4096), gpu_hours=2.788e6),
-    dict(run='DeepSeek-V3 (BF16 peak)', active=37e9, tokens=14.8e12, gpu='H100', precision='bf16', shape=(61, 7168, 4096), gpu_hours=2.788e6),
+    dict(run='Llama 3 405B', active=405e9, tokens=15.6e12, gpu='H100', precision='bf16', shape=(126, 16384, 8192),
+         gpu_hours=30.84e6),
+    dict(run='Llama 2 70B', active=70e9, tokens=2e12, gpu='A100', precision='bf16', shape=(80, 8192, 4096),
+         gpu_hours=1.72e6),
+    dict(run='DeepSeek-V3 (FP8 peak)', active=37e9, tokens=14.8e12, gpu='H100', precision='fp8', shape=(61, 7168, 4096),
+         gpu_hours=2.788e6),
+    dict(run='DeepSeek-V3 (BF16 peak)', active=37e9, tokens=14.8e12, gpu='H100', precision='bf16',
+         shape=(61, 7168, 4096), gpu_hours=2.788e6),
 ]
 
 def validation_table(mfu=0.4) -> pd.DataFrame:
@@ -414,17 +484,29 @@ COMM_SHARE = 0.05                                  # the share of a round's wall
 
 @dataclass
 class DiLoCoPlan:
-    workers: int; every: int; link_gbs: float; compress: str; params: float; step_s: float
-    round_gb: float; comm_s: float; compute_s: float; comm_share: float; min_every: int; dp_round_gb: float
+    workers: int
+    every: int
+    link_gbs: float
+    compress: str
+    params: float
+    step_s: float
+    round_gb: float
+    comm_s: float
+    compute_s: float
+    comm_share: float
+    min_every: int
+    dp_round_gb: float
     def __str__(self):
-        return (f'{self.workers} workers, H = {self.every}, {self.compress}: {self.round_gb:,.1f} GB per round each way on a '
-                f'{self.link_gbs * 8:g} Gb/s link, {self.comm_s:,.0f} s of communication against {self.compute_s:,.0f} s of '
-                f'compute ({self.comm_share:.1%} of the wall time); under {COMM_SHARE:.0%} from H = {self.min_every:,}; '
+        return (f'{self.workers} workers, H = {self.every}, {self.compress}: {self.round_gb:,.1f} GB per round '
+                f'each way on a {self.link_gbs * 8:g} Gb/s link, {self.comm_s:,.0f} s of communication against '
+                f'{self.compute_s:,.0f} s of compute ({self.comm_share:.1%} of the wall time); '
+                f'under {COMM_SHARE:.0%} from H = {self.min_every:,}; '
                 f'data parallel would move {self.dp_round_gb / self.round_gb:,.0f}x the bytes')
 
 def diloco_plan(params, step_s, workers=2, every=500, link_gbs=0.125, compress='fp32') -> DiLoCoPlan:
     "What a DiLoCo round costs `workers` workers of `params` parameters at `step_s` a step on a `link_gbs` GB/s link."
-    if workers is None or workers < 2: raise UsageError(f'--diloco-workers: DiLoCo needs at least 2 workers, not {workers}')
+    if workers is None or workers < 2:
+        raise UsageError(f'--diloco-workers: DiLoCo needs at least 2 workers, not {workers}')
     if every < 1: raise UsageError(f'--diloco-every must be at least 1 step, not {every}')
     if link_gbs <= 0: raise UsageError(f'--link-gbs must be positive, not {link_gbs:g}')
     if compress not in DILOCO_BYTES: raise UsageError(f"--diloco-compress is one of {', '.join(DILOCO_BYTES)}")
@@ -432,7 +514,8 @@ def diloco_plan(params, step_s, workers=2, every=500, link_gbs=0.125, compress='
     comm, compute = gb / link_gbs, every * step_s
     min_every = max(1, math.ceil(comm * (1 - COMM_SHARE) / COMM_SHARE / step_s))
     dp = every * 2 * (workers - 1) / workers * params * 2 / 1e9
-    return DiLoCoPlan(workers, every, link_gbs, compress, params, step_s, gb, comm, compute, comm / (comm + compute), min_every, dp)
+    share = comm / (comm + compute)
+    return DiLoCoPlan(workers, every, link_gbs, compress, params, step_s, gb, comm, compute, share, min_every, dp)
 
 def config_params(config, layers=None) -> float:
     "Parameters of a model config (at `layers` layers if given): what a pseudo-gradient holds."

@@ -43,6 +43,8 @@ def _alias(slab, offset, n):
     mem.slab = slab
     return torch.frombuffer(mem, dtype=torch.uint8)
 
+
+# %% ../nbs/20_offload.ipynb #a677b4db
 class PinnedPool:
     "Page-locked host memory carved from slabs, with size-keyed reuse; what passes the budget is counted as overflow."
     def __init__(self, budget_bytes, pin=None, available=None, slab_bytes=SLAB_BYTES):

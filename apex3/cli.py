@@ -11,7 +11,7 @@ from .usage import commands_usage, load_target, run_command
 
 # %% ../nbs/01_cli.ipynb #c27d7b86
 COMMANDS = {
-    'plan': ('apex3.plan:plan_main', 'plan a training run: GPUs, layout, memory, days, serving'),
+    'plan': ('apex3.offload_plan:plan_main', 'plan a training run: GPUs, layout, memory, days, serving'),
     'gpus': ('apex3.plan:gpus_main', 'list the GPUs the planner knows, with the source of every figure'),
     'bench': ('apex3.bench:bench_main', 'time training steps on random tokens (the step-10 benchmark), record them'),
     'data': ('apex3.data.pipeline:data_main', 'run the data pipeline (run CONFIG | demo | corpus) or one stage'),

@@ -230,7 +230,7 @@ def _device_memory(device):
 
 def check_host_memory(s: RunSettings, cfg, device):
     "Refuse an offload run whose host memory (the planner's estimate) exceeds what the host has available."
-    from apex3.plan import offload_host_gib, HOST_OVERHEAD_GIB
+    from apex3.offload_plan import offload_host_gib, HOST_OVERHEAD_GIB
     from apex3.offload import host_available_bytes
     o = s.offload
     keep = 1.0 if o.act_budget is None else o.act_budget   # no budget: beyond --act-offload they stay on the GPU

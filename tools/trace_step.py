@@ -15,9 +15,9 @@ def labelled(owner, name, label):
         with record_function(label): return f(*args, **kw)
     setattr(owner, name, wrapped)
 
-for name, label in (('_issue_early', 'issue early chunk'), ('_gradient_final', 'gradient final'), ('step', 'optimizer step'),
-                    ('_finish_early', 'finish early')):
-    if hasattr(O.OffloadOptimizer, name): labelled(O.OffloadOptimizer, name, label)
+for owner, name, label in ((O.EarlyStream, 'issue', 'issue early chunk'), (O.EarlyStream, 'gradient_final', 'gradient final'),
+                           (O.OffloadOptimizer, 'step', 'optimizer step'), (O.EarlyStream, 'finish', 'finish early')):
+    labelled(owner, name, label)
 
 out, a = sys.argv[1], B.bench_parser().parse_args(sys.argv[2:])
 settings = B.settings_from_args(a)   # the run's settings; --warmup and the rest stay the tool's

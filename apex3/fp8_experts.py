@@ -4,12 +4,12 @@
 
 # %% auto #0
 __all__ = ['E4M3', 'E4M3_MAX', 'BACKWARDS', 'PAD', 'ORIENTATIONS', 'EXPERT_TFLOPS', 'WEIGHT_CASTS_PER_S', 'C_EXPERTS',
-           'FP8_VARIANTS', 'RECORDS', 'warn_once', 'quantize_rows', 'group_ids', 'quantize_group_cols',
-           'triton_or_torch', 'rowwise_fp8', 'scaled_grouped_mm_ref', 'scaled_grouped_mm', 'grouped_mm', 'padded_rows',
-           'wgrad_fp8', 'orientations', 'weights_stepped', 'quantized_weights', 'cache_nbytes', 'swiglu_grad_ref',
-           'swiglu_grad', 'fp8_experts', 'FP8Experts', 'fp8_experts_ok', 'convert_experts', 'fp8_cache_bytes',
-           'set_fp8_cache', 'FP8Layout', 'fp8_offload_plan', 'bench_inputs', 'bench_fp8_experts', 'plot_fp8_records',
-           'depth_table', 'mfu_bounds']
+           'FP8_VARIANTS', 'RECORDS', 'quantize_rows', 'group_ids', 'quantize_group_cols', 'triton_or_torch',
+           'rowwise_fp8', 'scaled_grouped_mm_ref', 'scaled_grouped_mm', 'grouped_mm', 'padded_rows', 'wgrad_fp8',
+           'orientations', 'weights_stepped', 'quantized_weights', 'cache_nbytes', 'swiglu_grad_ref', 'swiglu_grad',
+           'fp8_experts', 'FP8Experts', 'fp8_experts_ok', 'convert_experts', 'fp8_cache_bytes', 'set_fp8_cache',
+           'FP8Layout', 'fp8_offload_plan', 'bench_inputs', 'bench_fp8_experts', 'plot_fp8_records', 'depth_table',
+           'mfu_bounds']
 
 # %% ../nbs/16_fp8_experts.ipynb #1a025a48
 import dataclasses, functools, itertools, logging, os
@@ -31,7 +31,7 @@ E4M3_MAX = torch.finfo(E4M3).max   # 448
 BACKWARDS = ('fp8', 'mixed', 'bf16')  # the backward's GEMMs: all FP8 | data grads FP8, weight grads bf16 | all bf16
 
 @functools.cache
-def warn_once(msg): _log.warning(msg)
+def _warn_once(msg): _log.warning(msg)
 
 def quantize_rows(t, dim=-1):
     "`t` in e4m3 with one fp32 decoding scale per slice along `dim` (amax / 448): (q, scale), `t ≈ q * scale`."
@@ -88,7 +88,7 @@ def triton_or_torch(kernel, torch_fn, t, *args):
         try: return kernel(t, *args)
         except Exception as e:                         # a Triton that cannot build the kernel: the casts still work
             _TRITON_OK[0] = False
-            warn_once(f'FP8 experts: Triton kernel unavailable ({type(e).__name__}: {str(e)[:200]}), using PyTorch')
+            _warn_once(f'FP8 experts: Triton kernel unavailable ({type(e).__name__}: {str(e)[:200]}), using PyTorch')
     return torch_fn(t, *args)
 
 def rowwise_fp8(t, swiglu=False, gate=None):
@@ -116,7 +116,7 @@ def scaled_grouped_mm(a, b, scale_a, scale_b, offs, fast_accum=False):
     if a.is_cuda:
         return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offs, out_dtype=torch.bfloat16,
                                         use_fast_accum=fast_accum)
-    warn_once('FP8 grouped GEMM emulated (dequantise + fp32 matmul): no CUDA device')
+    _warn_once('FP8 grouped GEMM emulated (dequantise + fp32 matmul): no CUDA device')
     return scaled_grouped_mm_ref(a, b, scale_a, scale_b, offs)
 
 def grouped_mm(a, b, offs):

@@ -14,6 +14,7 @@ bench_generate(('C',), batches=$2, runs=((torch.bfloat16, ('$3',)),), device='cu
     grep -v -E '^\s*$|Warning|warn\(' | tail -25
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-part 150 "(1,)" compiled
-part 80 "(1, 8)" transformers
-part 100 "(8,)" compiled
+part 140 "(1,)" compiled
+part 55 "(1,)" transformers
+part 55 "(8,)" transformers
+part 110 "(8,)" compiled

@@ -235,10 +235,8 @@ class Generator:
 
     @torch.no_grad()
     def _step(self, tokens, pos, doc):
-        "fp32 logits [B, V] of one new token per row (`tokens` [B] at positions `pos` [B]), and the next pos and doc."
-        h = cached_hidden(self.model, self.cache, tokens[:, None], pos, doc)[:, 0]
-        # the next position and document start in the same graph: no eager kernels between steps
-        return self.model.lm_head(h).float(), pos + 1, next_doc(tokens, pos, doc, self.eos_id)
+        "fp32 logits [B, V] of one new token per row, `tokens` [B] at positions `pos` [B]."
+        return self.model.lm_head(cached_hidden(self.model, self.cache, tokens[:, None], pos, doc)[:, 0]).float()
 
     @torch.no_grad()
     def prefill(self, rows, start=None, doc=None):
@@ -270,7 +268,8 @@ class Generator:
             ids = tok.tolist()
             yield ids
             if all([stopper.add(b, t) for b, t in enumerate(ids)]) or i == max_new - 1: return
-            logits, pos, doc = self.step(tok, pos, doc)
+            logits = self.step(tok, pos, doc)
+            pos, doc = pos + 1, next_doc(tok, pos, doc, self.eos_id)
 
     def generate(self, prompts, max_new=64, sampling=Sampling(), stop_ids=(), stop_strings=(), tokenizer=None) -> list:
         "The new tokens of every prompt (lists of ids, ragged), each cut after its stop token or stop string."
@@ -406,6 +405,7 @@ def _parts(fn, device, repeats):
 # %% ../nbs/11_generate.ipynb #eb872651
 METHODS = ('recompute', 'today', 'compiled', 'int8', 'transformers')
 # CPU: every method on fp32 weights; in bf16, ours against the peer's
+_EAGER = ('recompute', 'today')   # timed once: no compile to warm up, and recompute is slow
 CPU_RUNS = ((torch.float32, METHODS), (torch.bfloat16, ('compiled', 'transformers')))
 
 def _record(name, cfg, B, method, dtype, device, prompt_len, max_new, seconds, **extra):
@@ -433,9 +433,10 @@ def bench_generate(configs=('tiny', 'small'), batches=(1, 8), runs=CPU_RUNS, dev
                     if method not in methods: continue
                     t0 = time.perf_counter()
                     fn = make()
-                    fn()                                                           # build and warm up (compiles)
+                    compiled = method not in _EAGER                                 # eager ones: nothing to warm up
+                    if compiled: fn()                                              # build and warm up (compiles)
                     setup = time.perf_counter() - t0
-                    t = time_fn(fn, warmup=0, repeats=repeats, device=device)['seconds']
+                    t = time_fn(fn, warmup=0, repeats=repeats if compiled else 1, device=device)['seconds']
                     parts = _parts(fn, device, repeats) if hasattr(fn, 'gen') else {}
                     recs.append(_record(name, cfg, B, method, dtype, device, prompt_len, max_new, t, setup_s=setup,
                                         **parts))

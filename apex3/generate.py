@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['GATHER_TOKENS', 'RECORDS_FILE', 'HBM_BYTES_PER_S', 'METHODS', 'CPU_RUNS', 'StaticCache', 'query_doc_starts',
            'CachedAttention', 'int8_rows', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'chosen_experts', 'moe_infer',
-           'cached_hidden', 'next_doc', 'Sampling', 'filter_logits', 'sample_next', 'Stopper', 'Generator', 'doc_start',
-           'Session', 'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode', 'bench_generate', 'decode_table',
-           'plot_decode', 'copy_bandwidth', 'profile_decode']
+           'copied_experts', 'bench_eager_experts', 'cached_hidden', 'next_doc', 'Sampling', 'filter_logits',
+           'sample_next', 'Stopper', 'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin',
+           'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
 import copy, logging, math, time
@@ -143,6 +143,30 @@ def moe_infer(moe, x):
     out = chosen_experts(moe.experts, flat, idx, gates) if few else dispatch(moe.experts, flat, idx, gates)
     if moe.shared is not None: out = out + moe.shared(flat)
     return out.view(B, T, d)
+
+
+# %% ../nbs/11_generate.ipynb #8ca10244
+def copied_experts(experts, x, idx, gates):
+    "The same routed output from a copy of the chosen experts' weights (`w[idx]`) and batched matmuls: the peer."
+    w1, w2 = experts.w_gate_up[idx], experts.w_down[idx]                       # [N, k, 2F, d], [N, k, d, F]: copies
+    h = (w1 @ x[:, None, :, None].to(w1.dtype)).squeeze(-1)
+    s = swiglu(h) * gates[..., None].to(h.dtype)
+    return (w2 @ s[..., None]).squeeze(-1).sum(1).to(x.dtype)
+
+def bench_eager_experts(config='small', batches=(1, 8), dtype=torch.float32, repeats=20) -> list:
+    "Seconds of one layer's eager routed experts, from views (`chosen_experts`) and from a copy, side by side."
+    cfg, recs = get_config(config), []
+    torch.manual_seed(0)
+    moe = build_model(cfg, 'cpu', dtype).layers[0].moe
+    for B in batches:
+        x = torch.randn(B, cfg.d_model, dtype=dtype)
+        _, idx, gates = route(x, moe.router.weight, moe.router_bias, moe.top_k, moe.route_scale)
+        for name, f in (('views', chosen_experts), ('copy', copied_experts)):
+            t = time_fn(lambda: f(moe.experts, x, idx, gates), warmup=2, repeats=repeats, device='cpu')['seconds']
+            recs.append(dict(kind='eager_experts', config=config, batch=B, impl=name, dtype=str(dtype).split('.')[-1],
+                             threads=torch.get_num_threads(), seconds=t))
+    append_records(recs, RECORDS_FILE)
+    return recs
 
 
 # %% ../nbs/11_generate.ipynb #d313b401

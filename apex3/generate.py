@@ -390,6 +390,7 @@ def recompute_decode(model, prompt, max_new):
 def _decoders(model, cfg, prompt, max_new, device, dtype):
     "Method name -> a function that decodes `max_new` tokens after `prompt` (built lazily: the peer's model is big)."
     def ours(m):
+        torch._dynamo.reset()   # one compiled step per decoder: dynamo's cache for `_step` holds 8 at most
         g = Generator(m, max_len=prompt.shape[1] + max_new, max_batch=prompt.shape[0])
         rows = prompt.tolist()
         fn = lambda: g.generate(rows, max_new=max_new)
@@ -420,7 +421,7 @@ def _parts(fn, device, repeats):
     g, rows = fn.gen, fn.rows
     logits, pos, doc = g.prefill(rows)
     tok = logits.argmax(-1)
-    step = lambda: g.step(tok, pos, doc)
+    step = torch.no_grad()(lambda: g.step(tok, pos, doc))   # grad mode as in `generate`: no recompile
     return dict(prefill_s=time_fn(lambda: g.prefill(rows), warmup=0, repeats=repeats, device=device)['seconds'],
                 step_s=time_fn(step, warmup=1, repeats=4 * repeats, device=device)['seconds'],
                 step_top_ops=_top_ops(step))

@@ -146,6 +146,8 @@ def moe_infer(moe, x):
 
 
 # %% ../nbs/11_generate.ipynb #8ca10244
+RECORDS_FILE = 'generate.jsonl'   # records/generate.jsonl
+
 def copied_experts(experts, x, idx, gates):
     "The same routed output from a copy of the chosen experts' weights (`w[idx]`) and batched matmuls: the peer."
     w1, w2 = experts.w_gate_up[idx], experts.w_down[idx]                       # [N, k, 2F, d], [N, k, d, F]: copies
@@ -340,7 +342,6 @@ class Session:
             yield t
 
 # %% ../nbs/11_generate.ipynb #08ac031e
-RECORDS_FILE = 'generate.jsonl'   # records/generate.jsonl
 HBM_BYTES_PER_S = 4.8e12          # H200 HBM3e, NVIDIA's datasheet
 
 def decode_bytes(cfg, batch, context, dtype=torch.bfloat16, weight_dtype=None) -> float:

@@ -621,6 +621,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'apex3.diloco_evidence.diloco_sweep': ( 'diloco_evidence.html#diloco_sweep',
                                                                                'apex3/diloco_evidence.py'),
                                        'apex3.diloco_evidence.plot_sweep': ('diloco_evidence.html#plot_sweep', 'apex3/diloco_evidence.py'),
+                                       'apex3.diloco_evidence.read_gbs': ('diloco_evidence.html#read_gbs', 'apex3/diloco_evidence.py'),
                                        'apex3.diloco_evidence.sweep_table': ( 'diloco_evidence.html#sweep_table',
                                                                               'apex3/diloco_evidence.py')},
             'apex3.diloco_files': { 'apex3.diloco_files.DirPeer': ('diloco_files.html#dirpeer', 'apex3/diloco_files.py'),

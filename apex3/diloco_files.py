@@ -239,11 +239,14 @@ class FilesTransport:
         t0 = time.monotonic()
         sent = self.publish_payload(rnd, enc, tokens)
         arrived, rejected, received, waiting = {self.rank: enc}, Counter(), 0, dict(enumerate(self.peers))
+        fetch_s = 0.0   # reading and checking the payloads that arrived: the link's share of the round, waiting aside
         while waiting and time.monotonic() - t0 < self.timeout:
             for i, peer in list(waiting.items()):
+                t = time.monotonic()
                 try: got = fetch_payload(peer, rnd, self.key, self.base, self.shapes, self.how, self.workers, self.rank)
                 except Rejected as e: self._log_reject(rnd, peer, e); rejected[e.reason] += 1; del waiting[i]; continue
                 if got is None: continue
+                fetch_s += time.monotonic() - t
                 r, penc, n = got
                 del waiting[i]
                 if r in arrived:
@@ -255,7 +258,7 @@ class FilesTransport:
         if waiting: _log.warning('diloco round %d: nothing from %s within %gs: averaging %d of %d workers', rnd,
                                 ', '.join(p.name for p in waiting.values()), self.timeout, len(arrived), self.workers)
         rec = dict(diloco_rejected=dict(rejected), diloco_missing=len(waiting), diloco_bytes_sent=sent,
-                   diloco_bytes_received=received, diloco_wait_s=time.monotonic() - t0)
+                   diloco_bytes_received=received, diloco_wait_s=time.monotonic() - t0, diloco_fetch_s=fetch_s)
         return mean_of(arrived, self.how), list(arrived), rec
 
     def committed(self, dl):

@@ -292,12 +292,12 @@ def _reduce(pg, enc, how) -> dict:
         parts.append([_unflat(x, enc, dt) for x in got])
     return mean_of({r: {**q, **s} for r, (q, s) in enumerate(zip(*parts))}, 'int8')
 
-def _agree(ok: bool) -> bool:
-    "Whether every rank of this worker (the default group, when there is one) has `ok`."
-    if not dist.is_initialized() or dist.get_world_size() == 1: return ok
-    t = torch.tensor([int(ok)], device=_default_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
+def _over_worker(x: int, op=dist.ReduceOp.SUM) -> int:
+    "`x` reduced over this worker's ranks (the default process group, when there is one)."
+    if not dist.is_initialized() or dist.get_world_size() == 1: return x
+    t = torch.tensor([x], device=_default_device())
+    dist.all_reduce(t, op=op)
+    return int(t.item())
 
 def _default_device():
     return torch.device('cuda', torch.cuda.current_device()) if dist.get_backend() == 'nccl' else torch.device('cpu')
@@ -309,12 +309,12 @@ class DistTransport:
     def __init__(self, pg, how='fp32'): self.pg, self.how, self.alone = pg, how, False
     def exchange(self, rnd, enc, tokens):
         shapes = {k: v.shape for k, v in enc.items() if not k.endswith(SCALE)}
-        me, world, sent = self.pg.rank(), self.pg.size(), payload_bytes(shapes, self.how)
+        me, world, sent = self.pg.rank(), self.pg.size(), _over_worker(payload_bytes(shapes, self.how))   # all shards
         mean, err = None, None
         if not self.alone:
             try: mean = _reduce(self.pg, enc, self.how)
             except RuntimeError as e: err = str(e).strip().splitlines()[0][:160]   # gloo: a closed peer, or the deadline
-        if not _agree(mean is not None):   # one rank of this worker failed: the whole worker goes on alone, consistently
+        if not _over_worker(int(mean is not None), dist.ReduceOp.MIN):   # one rank of this worker failed: the whole worker goes on alone, consistently
             if not self.alone: _log.warning('diloco round %d: the dist collective failed (%s): this worker (%d of %d) '
                                             'continues alone', rnd, err or 'on another rank of this worker', me, world)
             self.alone, mean = True, decode(enc, self.how)

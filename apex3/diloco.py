@@ -144,7 +144,8 @@ class DiLoCo:
     @property
     def shapes(self): return {k: tuple(v.shape) for k, v in self.glob.items()}
     @property
-    def full_shapes(self): return {k: tuple(self.layout[k].shape) if k in self.layout else s for k, s in self.shapes.items()}
+    def full_shapes(self):
+        return {k: tuple(self.layout[k].shape) if k in self.layout else s for k, s in self.shapes.items()}
 
     def step(self, local: dict, tokens=0) -> tuple:
         "One round from this worker's `local` weights: returns (the new global weights, the round's record)."
@@ -185,7 +186,9 @@ class DiLoCo:
     def load_state_dict(self, sd):
         if {k: tuple(v.shape) for k, v in sd['glob'].items()} != self.full_shapes:
             raise UsageError('the DiLoCo state does not fit this model')
-        part = lambda k, v: shard_of(v, self.layout[k]).to('cpu', torch.float32, copy=True) if k in self.layout else v.clone().float()
+        def part(k, v):
+            if k not in self.layout: return v.clone().float()
+            return shard_of(v, self.layout[k]).to('cpu', torch.float32, copy=True)
         self.glob = {k: part(k, v) for k, v in sd['glob'].items()}
         self.mom = {k: part(k, v) for k, v in sd['mom'].items()}
         self.round, self.tokens = int(sd['round']), int(sd.get('tokens', 0))
@@ -313,8 +316,9 @@ class DistTransport:
         mean, err = None, None
         if not self.alone:
             try: mean = _reduce(self.pg, enc, self.how)
-            except RuntimeError as e: err = str(e).strip().splitlines()[0][:160]   # gloo: a closed peer, or the deadline
-        if not _over_worker(int(mean is not None), dist.ReduceOp.MIN):   # one rank of this worker failed: the whole worker goes on alone, consistently
+            except RuntimeError as e: err = str(e).strip().splitlines()[0][:160]   # gloo: a peer gone, or the deadline
+        # one rank of this worker failed: the whole worker goes on alone, so that its shards stay of one kind
+        if not _over_worker(int(mean is not None), dist.ReduceOp.MIN):
             if not self.alone: _log.warning('diloco round %d: the dist collective failed (%s): this worker (%d of %d) '
                                             'continues alone', rnd, err or 'on another rank of this worker', me, world)
             self.alone, mean = True, decode(enc, self.how)
@@ -324,9 +328,9 @@ class DistTransport:
         return mean, ranks, rec
 
 def init_worker_groups(workers, timeout=600.0, backend='gloo'):
-    """Join a job of `workers` DiLoCo workers of G ranks each (RANK, WORLD_SIZE, MASTER_* in the environment, as torchrun
-    sets them): the default process group becomes this worker's G ranks (FSDP runs inside it), and the returned gloo group
-    `pg` joins the ranks of equal index across workers, with a deadline of `timeout` seconds. Returns (worker, G, pg)."""
+    """Join a job of `workers` DiLoCo workers of G ranks each (RANK, WORLD_SIZE, MASTER_* in the environment, as
+    torchrun sets them): the default process group becomes this worker's G ranks (FSDP runs inside it), and the gloo
+    group `pg` joins the ranks of equal index across workers, its deadline `timeout` s. Returns (worker, G, pg)."""
     from datetime import timedelta
     store, rank, world = next(dist.rendezvous('env://'))
     if world % workers: raise UsageError(f'{world} ranks do not make {workers} DiLoCo workers of equal size')
@@ -340,7 +344,8 @@ def init_worker_groups(workers, timeout=600.0, backend='gloo'):
 def toy_worker(transport, rank, rounds, every, compress='fp32', outer=Outer(), inner='adamw', lr=1e-2, part=(0, 1),
                die_at=None, sig='SIGKILL') -> DiLoCo:
     """Run worker `rank` of the toy problem for `rounds` rounds through `transport`; its `DiLoCo` state at the end.
-    `part=(j, G)`: this process is rank j of the worker's FSDP2 group of G; `die_at`: send itself `sig` before that round
+    `part=(j, G)`: this process is rank j of the worker's FSDP2 group of G; `die_at`: send itself `sig` before that
+    round
     (SIGKILL: a dead peer; SIGSTOP: a hung one)."""
     import os, signal
     model = toy_model()
@@ -379,9 +384,9 @@ def _dist_toy_main(out, workers, rounds, every, compress, timeout=60.0, die_at=0
 # %% ../nbs/40_diloco.ipynb #2d79587b
 def spawn_dist_toy(tmp, workers, rounds, every, compress='fp32', group=1, die_at=0, sig='SIGKILL', deadline=60.0,
                    timeout=120):
-    """Start `workers` DiLoCo workers of `group` gloo processes each (FSDP2 inside a worker when `group` > 1) on loopback;
-    `die_at`: the last worker sends itself `sig` before that round. Returns (each worker's final global weights, None for
-    one that died; every process's stderr)."""
+    """Start `workers` DiLoCo workers of `group` gloo processes each (FSDP2 inside a worker when `group` > 1) on
+    loopback; `die_at`: the last worker sends itself `sig` before that round. Returns (each worker's final global
+    weights, None for one that died; every process's stderr)."""
     import os, socket, subprocess, sys
     from pathlib import Path
     from safetensors.torch import load_file
@@ -398,7 +403,7 @@ def spawn_dist_toy(tmp, workers, rounds, every, compress='fp32', group=1, die_at
     ps = [subprocess.Popen([sys.executable, '-c', code, *argv(r)], env=env(r), stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True) for r in range(workers * group)]
     try:
-        errs = [p.communicate(timeout=timeout)[1] for p in ps[:-group]]   # the survivors first: a stopped peer never ends
+        errs = [p.communicate(timeout=timeout)[1] for p in ps[:-group]]   # survivors first: a stopped peer never ends
         for p in ps[-group:]:
             if die_at and sig == 'SIGSTOP': p.kill()
         errs += [p.communicate(timeout=timeout)[1] for p in ps[-group:]]

@@ -24,7 +24,9 @@ _log = logging.getLogger('apex3.diloco')
 # %% ../nbs/41_diloco_files.ipynb #f03194e7
 class Rejected(Exception):
     "What a peer sent is refused; `reason` is the short name counted in the round's record."
-    def __init__(self, reason, msg): super().__init__(msg); self.reason = reason
+    def __init__(self, reason, msg):
+        super().__init__(msg)
+        self.reason = reason
 
 def _canonical(m: dict) -> bytes:
     return json.dumps({k: v for k, v in m.items() if k != 'hmac'}, sort_keys=True, separators=(',', ':')).encode()
@@ -53,11 +55,15 @@ def _int(x, default=-1): return x if isinstance(x, int) and not isinstance(x, bo
 def round_dir(kind, rnd): return f'{kind}-{rnd:09d}'
 
 def _write(path, data: bytes):
-    with open(path, 'wb') as f: f.write(data); f.flush(); os.fsync(f.fileno())
+    with open(path, 'wb') as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 def publish(root, name, files: dict, manifest: dict, key: bytes) -> dict:
     "Write `files` (name -> bytes) and their signed manifest as directory `root/name`, atomically; the manifest."
-    root = Path(root); root.mkdir(parents=True, exist_ok=True)
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
     for old in root.glob(f'.tmp-{name}-*'): shutil.rmtree(old, ignore_errors=True)
     tmp = root / f'.tmp-{name}-{os.getpid()}'
     tmp.mkdir()
@@ -119,7 +125,9 @@ class HttpPeer:
                     data += chunk
                     if len(data) > limit: raise Rejected('oversized', f'{name} is larger than its {limit:,} bytes')
                 return bytes(data)
-        except self.errors: self.reachable = False; return None   # not reachable now: the deadline decides
+        except self.errors:   # not reachable now: the deadline decides
+            self.reachable = False
+            return None
 
 def make_peer(spec: str):
     "A peer from its `--diloco-peers` entry: an http(s) URL or a directory path."
@@ -142,7 +150,7 @@ def serve_dir(root, listen: str) -> ThreadingHTTPServer:
             return p if p.is_relative_to(root) and p.is_file() else None
         def _answer(self, body):
             p = self._file()
-            if p is None: self.send_error(404); return
+            if p is None: return self.send_error(404)
             data = p.read_bytes()
             self.send_response(200)
             self.send_header('Content-Type', 'application/octet-stream')
@@ -244,7 +252,11 @@ class FilesTransport:
             for i, peer in list(waiting.items()):
                 t = time.monotonic()
                 try: got = fetch_payload(peer, rnd, self.key, self.base, self.shapes, self.how, self.workers, self.rank)
-                except Rejected as e: self._log_reject(rnd, peer, e); rejected[e.reason] += 1; del waiting[i]; continue
+                except Rejected as e:
+                    self._log_reject(rnd, peer, e)
+                    rejected[e.reason] += 1
+                    del waiting[i]
+                    continue
                 if got is None: continue
                 fetch_s += time.monotonic() - t
                 r, penc, n = got
@@ -306,7 +318,9 @@ class FilesTransport:
         best = None
         for peer in self.peers:
             try: m = _manifest(peer, POINTER, self.key)
-            except Rejected as e: self._log_reject(dl.round, peer, e); continue
+            except Rejected as e:
+                self._log_reject(dl.round, peer, e)
+                continue
             if m is None or not isinstance(m.get('round'), int) or not isinstance(m.get('rank'), int): continue
             # ahead, unless its payload of our next round is still there to replay that round with (a resumed worker)
             ahead = m['round'] > dl.round and not self._can_replay(peer, dl.round + 1)
@@ -315,7 +329,9 @@ class FilesTransport:
             if (ahead or differs) and (best is None or m['round'] > best[1]['round']): best = (peer, m)
         if best is None: return None
         try: state = self.fetch_global(*best)
-        except Rejected as e: self._log_reject(dl.round, best[0], e); return None
+        except Rejected as e:
+            self._log_reject(dl.round, best[0], e)
+            return None
         _log.warning('diloco: catching up from %s at round %d (this worker was at round %d)', best[0].name,
                     state['round'], dl.round)
         return state, dict(diloco_round=state['round'], diloco_caught_up_from=best[1]['rank'],

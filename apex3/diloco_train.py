@@ -54,9 +54,9 @@ def diloco_key(a) -> bytes:
     return k.encode()
 
 def join_dist_workers(a, backend):
-    """`--diloco-transport dist` under torchrun: this process's `Dist` fields (its rank in its worker, the worker's ranks,
-    the rounds' gloo group). The default process group becomes this worker's ranks; `--diloco-rank` is the worker's
-    index; its checkpoints and step log go to `worker-R` beside the ones named (each worker resumes from its own)."""
+    """`--diloco-transport dist` under torchrun: this process's `Dist` fields (its rank in its worker, the worker's
+    ranks, the rounds' gloo group). The default process group becomes this worker's ranks; `--diloco-rank` is the
+    worker's index; its checkpoints and step log go to `worker-R` beside the ones named (each resumes from its own)."""
     worker, size, pg = init_worker_groups(a.diloco_workers, a.diloco_timeout, backend)
     a.diloco_rank = worker
     if a.ckpt_dir: a.ckpt_dir = str(Path(a.ckpt_dir) / f'worker-{worker}')

@@ -206,3 +206,16 @@ def test_dist_resume_mid_round_and_dead_peer(tmp_path, data):
     rs = rounds(dead / 'worker-0' / 'train.jsonl')
     assert [(x['step'], x['diloco_ranks'], x['diloco_missing']) for x in rs] == [(8, [0, 1], 0), (16, [0], 1), (24, [0], 1)]
     assert verify_checkpoint(latest_checkpoint(dead / 'worker-1')) == []   # the dead worker's state: resumable
+
+def test_offload_workers(tmp_path, data):
+    """Two `--offload` workers (the host optimizer runs on a CPU device too) through files: identical global states, and
+    the round wrote the FP32 host masters, the model holding their BF16 rounding."""
+    from apex3.ckpt import latest_checkpoint, load_checkpoint
+    for p in [worker(tmp_path, data, r, 8, '--offload') for r in (0, 1)]: done(p)
+    assert final_global(tmp_path / 'd0') == final_global(tmp_path / 'd1') and final_global(tmp_path / 'd0')[0] == 2
+    ck = load_checkpoint(latest_checkpoint(tmp_path / 'ck0'))   # at step 8: just after round 2
+    glob, model, masters = ck['diloco']['glob'], ck['model'], [s['master'] for s in ck['optimizer']['slots']]
+    params = [k for k in glob if model[k].dtype == torch.bfloat16]
+    assert len(params) == len(masters) > 0
+    assert all(any(torch.equal(m, glob[k]) for m in masters) for k in params)   # FP32 masters: the global weights
+    assert all(torch.equal(model[k], glob[k].bfloat16()) for k in params)       # the model: their BF16 rounding

@@ -280,9 +280,15 @@ def _unflat(flat, enc: dict, dtype) -> dict:
             i += v.numel()
     return out
 
-def _reduce(pg, enc, how) -> dict:
-    "The mean over `pg` of every worker's `enc` (a collective with `pg`'s deadline; it raises when a peer fails it)."
+def _reduce(pg, rnd, enc, how) -> dict:
+    """The mean over `pg` of every worker's `enc` for round `rnd` (collectives with `pg`'s deadline: they raise when a
+    peer fails them); workers at different rounds are a usage error, never averaged."""
     world = pg.size()
+    got = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    pg.allgather([got], [torch.tensor([rnd])]).wait()
+    if len(rounds := {int(t) for t in got}) > 1:
+        raise UsageError(f'diloco round {rnd}: the workers are at rounds {sorted(rounds)}: resume them all from '
+                         'checkpoints of the same step')
     if how != 'int8':
         flat = _flat(enc, next(iter(enc.values())).dtype).clone()   # summed in place; `enc` stays this worker's own
         pg.allreduce([flat]).wait()
@@ -315,7 +321,7 @@ class DistTransport:
         me, world, sent = self.pg.rank(), self.pg.size(), _over_worker(payload_bytes(shapes, self.how))   # all shards
         mean, err = None, None
         if not self.alone:
-            try: mean = _reduce(self.pg, enc, self.how)
+            try: mean = _reduce(self.pg, rnd, enc, self.how)
             except RuntimeError as e: err = str(e).strip().splitlines()[0][:160]   # gloo: a peer gone, or the deadline
         # one rank of this worker failed: the whole worker goes on alone, so that its shards stay of one kind
         if not _over_worker(int(mean is not None), dist.ReduceOp.MIN):

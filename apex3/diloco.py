@@ -301,6 +301,7 @@ def _reduce(pg, rnd, enc, how) -> dict:
         parts.append([_unflat(x, enc, dt) for x in got])
     return mean_of({r: {**q, **s} for r, (q, s) in enumerate(zip(*parts))}, 'int8')
 
+# %% ../nbs/40_diloco.ipynb #e341b7a2
 def _over_worker(x: int, op=dist.ReduceOp.SUM) -> int:
     "`x` reduced over this worker's ranks (the default process group, when there is one)."
     if not dist.is_initialized() or dist.get_world_size() == 1: return x

@@ -34,7 +34,8 @@ def stream_text(ids, tok, out):
         seen.append(t)
         text = tok.decode(seen)
         if text.startswith(shown) and not text.endswith('\ufffd'):
-            out.write(text[len(shown):]); out.flush()
+            out.write(text[len(shown):])
+            out.flush()
             shown = text
     text = tok.decode(seen)
     out.write((text[len(shown):] if text.startswith(shown) else '') + '\n')

@@ -25,7 +25,7 @@ from .config import get_config
 from .records import device_peak_tflops, GiB
 from .kernels import warn_once as warn_once_to
 from .diloco_train import (add_diloco_flags, check_diloco_args, build_diloco, start_diloco, maybe_round,
-                                public_args, data_slice, branch_from_diloco)
+                                public_args, data_slice, branch_from_diloco, join_dist_workers)
 
 _log = logging.getLogger('apex3.train')
 
@@ -133,6 +133,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    diloco_group: object = None   # --diloco-transport dist: the gloo group of the rounds (the worker's own: the rest)
     @property
     def main(self): return self.rank == 0
 
@@ -145,6 +146,8 @@ def init_distributed(a) -> Dist:
     if cuda:
         torch.cuda.set_device(local)
         a.device = f'cuda:{local}'
+    if a.diloco_workers and a.diloco_transport == 'dist':   # every DiLoCo worker a process group of its own
+        return Dist(local_rank=local, **join_dist_workers(a, 'nccl' if cuda else 'gloo'))
     dist.init_process_group('nccl' if cuda else 'gloo')
     return Dist(rank, world, local)
 
@@ -188,9 +191,9 @@ def check_args(a, d):
     if a.val_data and a.val_batches < 1: raise UsageError('--val-batches must be at least 1')
     if a.arith_probe and not Path(a.arith_probe).exists():
         raise UsageError(f'--arith-probe {a.arith_probe}: no such file')
-    dist_workers = a.diloco_workers and a.diloco_transport == 'dist'   # every rank a DiLoCo worker of its own
-    if d.world > 1 and not a.fsdp and not dist_workers:
-        raise UsageError(f'{d.world} ranks need --fsdp (or --diloco-transport dist)')
+    if d.world > 1 and not a.fsdp:   # (a DiLoCo worker's ranks, under --diloco-transport dist)
+        hint = '' if a.diloco_workers else ' (or --diloco-transport dist)'
+        raise UsageError(f'{d.world} ranks need --fsdp{hint}')
     if a.fsdp and a.offload: raise UsageError('--fsdp and --offload do not combine (the host optimizer is single-GPU)')
     for s in a.val_data:
         if '=' not in s: raise UsageError(f'--val-data expects NAME=GLOB, got {s!r}')
@@ -423,10 +426,11 @@ def save_state(run, loader, st, d):
     from apex3.ckpt import save_checkpoint, rng_state
     model_sd, opt_sd = model_optim_state(run, d)
     data, rng = _gather(loader.state_dict(), d), _gather(rng_state(), d)
+    dl = run.diloco.state_dict() if getattr(run, 'diloco', None) is not None else None   # FSDP2: a gather, every rank
     path = None
     if d.main:
         state = dict(model=model_sd, optimizer=opt_sd, train=asdict(st), data=data, rng=rng, args=public_args(run.a))
-        if getattr(run, 'diloco', None) is not None: state['diloco'] = run.diloco.state_dict()
+        if dl is not None: state['diloco'] = dl
         path = save_checkpoint(run.a.ckpt_dir, st.tokens, state, keep=run.a.keep_ckpts)
         _log.info('checkpoint %s', path)
     if d.world > 1: dist.barrier()
@@ -543,7 +547,7 @@ def train(a) -> int:
     d = init_distributed(a)
     try: return _train(a, d)
     finally:
-        if d.world > 1: dist.destroy_process_group()
+        if dist.is_initialized(): dist.destroy_process_group()
 
 def _train(a, d):
     check_args(a, d)

@@ -143,12 +143,79 @@ def test_two_trainers_identical_globals_branch_and_resume_after_sigkill(tmp_path
     assert p.returncode == 2 and 'fails its checksum' in p.stderr and p.stderr.strip().count('\n') == 0, p.stderr
 
 def test_dist_transport_trainers(tmp_path, data):
-    "`--diloco-transport dist`: two ranks of one torchrun job, each a worker, average every H steps over gloo."
-    log = tmp_path / 'log.jsonl'
-    pre = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', str(free_port())]
-    args = [*TINY, *data, '--total-tokens', 2 * STEP_TOKENS * 12, '--diloco-workers', 2, '--diloco-transport', 'dist',
-            '--diloco-every', H, '--step-log', log]
-    p = subprocess.run([*pre, '-m', 'apex3.train', *map(str, args)], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                       timeout=150)
+    """`--diloco-transport dist`: two ranks of one torchrun job, each a worker, average every H steps over gloo; then two
+    workers of two FSDP2 ranks each: their rounds move every shard, and their checkpointed global states are one."""
+    pre = lambda n: [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(n), '--master_port',
+                     str(free_port())]
+    args = [*TINY, *data, '--diloco-workers', 2, '--diloco-transport', 'dist', '--diloco-every', H]
+    run = lambda n, *extra: subprocess.run([*pre(n), '-m', 'apex3.train', *map(str, [*args, *extra])], cwd=ROOT, env=ENV,
+                                           capture_output=True, text=True, timeout=240)
+    p = run(2, '--total-tokens', STEP_TOKENS * 12, '--step-log', tmp_path / 'log.jsonl')
     assert p.returncode == 0, p.stderr[-3000:]
-    assert [(x['step'], x['diloco_ranks']) for x in rounds(log)] == [(4, [0, 1]), (8, [0, 1]), (12, [0, 1])]
+    one = [rounds(tmp_path / f'log.worker-{w}.jsonl') for w in (0, 1)]
+    for rs in one: assert [(x['step'], x['diloco_ranks']) for x in rs] == [(4, [0, 1]), (8, [0, 1]), (12, [0, 1])]
+    p = run(4, '--fsdp', '--total-tokens', 2 * STEP_TOKENS * 8, '--ckpt-dir', tmp_path / 'ck')
+    assert p.returncode == 0, p.stderr[-3000:]
+    from apex3.ckpt import latest_checkpoint, load_checkpoint
+    cks = [load_checkpoint(latest_checkpoint(tmp_path / 'ck' / f'worker-{w}')) for w in (0, 1)]
+    g0, g1 = (c['diloco']['glob'] for c in cks)
+    assert cks[0]['diloco']['round'] == 2 and all(torch.equal(g0[k], g1[k]) for k in g0)
+    assert all(torch.equal(cks[0]['model'][k].float(), g0[k]) for k in g0)   # the gathered shards: the model after it
+    rs = rounds(tmp_path / 'ck' / 'worker-0' / 'train.jsonl')
+    assert [x['diloco_ranks'] for x in rs] == [[0, 1]] * 2
+    # every shard once (one unsharded worker's bytes), plus the replicated buffers (router biases) from each rank
+    assert 0 <= rs[0]['diloco_bytes_sent'] - one[0][0]['diloco_bytes_sent'] < 1e-3 * one[0][0]['diloco_bytes_sent']
+
+def dist_pair(tmp, data, steps, *extra, kill=None):
+    "Two `apex3 train` DiLoCo workers of one dist job, without torchrun (so that one may die alone): their Popens."
+    port, H8 = free_port(), 8
+    env = lambda r: {**ENV, 'RANK': str(r), 'LOCAL_RANK': '0', 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1',
+                     'MASTER_PORT': str(port)}
+    args = [*TINY, *data, '--total-tokens', STEP_TOKENS * steps, '--ckpt-dir', tmp, '--ckpt-every', STEP_TOKENS * 12,
+            '--diloco-workers', 2, '--diloco-transport', 'dist', '--diloco-every', H8, '--diloco-timeout', 30, *extra]
+    return [subprocess.Popen([sys.executable, '-m', 'apex3.train', *map(str, args)], cwd=ROOT, env=env(r),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+
+def test_dist_resume_mid_round_and_dead_peer(tmp_path, data):
+    """Both workers SIGKILLed after a checkpoint in the middle of a round (as torchrun stops a job) and resumed give the
+    uninterrupted pair's every loss and final weights; one worker SIGKILLed alone: the other finishes, averaging alone."""
+    from apex3.ckpt import latest_checkpoint, load_checkpoint, verify_checkpoint
+    ref = tmp_path / 'ref'
+    for p in dist_pair(ref, data, 24): done(p)
+    cut = tmp_path / 'cut'
+    ps = dist_pair(cut, data, 24)
+    mid = lambda w: (cut / f'worker-{w}' / 'tokens-000000000000768').exists()   # step 12, between rounds 8 and 16
+    wait_for(lambda: mid(0) and mid(1), ps[0])
+    for p in ps: p.send_signal(signal.SIGKILL)
+    for p in ps: p.communicate()
+    assert all(max(r['step'] for r in read_log(cut / f'worker-{w}' / 'train.jsonl')) < 24 for w in (0, 1))
+    errs = [done(p) for p in dist_pair(cut, data, 24, '--resume')]
+    assert 'resumed from' in errs[0]   # (only the job's rank 0 logs at INFO)
+    for w in (0, 1):
+        want = {x['step']: x['loss'] for x in read_log(ref / f'worker-{w}' / 'train.jsonl')}
+        got = read_log(cut / f'worker-{w}' / 'train.jsonl')
+        assert {x['step']: x['loss'] for x in got} == want and [x['step'] for x in got].count(1) == 1   # resumed
+        a, b = (load_checkpoint(latest_checkpoint(d / f'worker-{w}'))['model'] for d in (ref, cut))
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    dead = tmp_path / 'dead'
+    ps = dist_pair(dead, data, 24)
+    wait_for(lambda: (dead / 'worker-1' / 'tokens-000000000000768').exists(), ps[1])
+    ps[1].send_signal(signal.SIGKILL); ps[1].communicate()
+    err = done(ps[0])
+    assert err.count('continues alone') == 1, err[-2000:]
+    rs = rounds(dead / 'worker-0' / 'train.jsonl')
+    assert [(x['step'], x['diloco_ranks'], x['diloco_missing']) for x in rs] == [(8, [0, 1], 0), (16, [0], 1), (24, [0], 1)]
+    assert verify_checkpoint(latest_checkpoint(dead / 'worker-1')) == []   # the dead worker's state: resumable
+
+def test_offload_workers(tmp_path, data):
+    """Two `--offload` workers (the host optimizer runs on a CPU device too) through files: identical global states, and
+    the round wrote the FP32 host masters, the model holding their BF16 rounding."""
+    from apex3.ckpt import latest_checkpoint, load_checkpoint
+    for p in [worker(tmp_path, data, r, 8, '--offload') for r in (0, 1)]: done(p)
+    assert final_global(tmp_path / 'd0') == final_global(tmp_path / 'd1') and final_global(tmp_path / 'd0')[0] == 2
+    ck = load_checkpoint(latest_checkpoint(tmp_path / 'ck0'))   # at step 8: just after round 2
+    glob, model, masters = ck['diloco']['glob'], ck['model'], [s['master'] for s in ck['optimizer']['slots']]
+    params = [k for k in glob if model[k].dtype == torch.bfloat16]
+    assert len(params) == len(masters) > 0
+    assert all(any(torch.equal(m, glob[k]) for m in masters) for k in params)   # FP32 masters: the global weights
+    assert all(torch.equal(model[k], glob[k].bfloat16()) for k in params)       # the model: their BF16 rounding

@@ -339,14 +339,23 @@ for _ in range(kids):
         os._exit(0)
 for _ in range(kids): os.wait()""",
 sockets="""import os, stat, json
-found = []
-for top, dirs, files in os.walk('/'):
-    if top in ('/proc', '/sys'): dirs[:] = []; continue
-    for name in files + dirs:
+found, stack = [], ['/']
+while stack:   # scandir's entry types need no stat: only what is neither file, directory nor link is looked at
+    top = stack.pop()
+    try:
+        entries = list(os.scandir(top))
+    except OSError:
+        continue
+    for e in entries:
         try:
-            path = os.path.join(top, name)
-            if stat.S_ISSOCK(os.lstat(path).st_mode) or name == 'docker.sock': found.append(path)
-        except OSError: pass
+            if e.is_dir(follow_symlinks=False):
+                if e.path not in ('/proc', '/sys'):
+                    stack.append(e.path)
+            elif e.name == 'docker.sock' or not (e.is_file(follow_symlinks=False) or e.is_symlink()):
+                if e.name == 'docker.sock' or stat.S_ISSOCK(os.lstat(e.path).st_mode):
+                    found.append(e.path)
+        except OSError:
+            pass
 print(json.dumps(found))""",
 )
 

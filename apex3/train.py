@@ -31,9 +31,12 @@ _log = logging.getLogger('apex3.train')
 
 # %% ../nbs/70_train.ipynb #deab9e80
 def _tokens(s):
-    "A token count such as `1.1e12`, `0.51e12` or `1.5T` (argparse reports a ValueError as a bad value)."
+    "A token count such as `1.1e12`, `0.51e12` or `1.5T`; argparse prints the planner's reason for a bad one."
     from apex3.plan import parse_number
-    return parse_number(s)
+    try:
+        return parse_number(s)
+    except UsageError as e:   # else argparse would say "invalid _tokens value"
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 def add_train_flags(p):
     "The flags of a training run, beside the model and runtime flags of `add_run_flags`."

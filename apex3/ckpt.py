@@ -65,12 +65,10 @@ def save_file(obj, path) -> str:
         os.fsync(f.fileno())
     return w.h.hexdigest()
 
-def sha256_file(path, bufsize=1 << 22) -> str:
-    "SHA-256 (hex) of a file, read in 4 MiB pieces."
-    h = hashlib.sha256()
+def sha256_file(path) -> str:
+    "SHA-256 (hex) of a file (`hashlib.file_digest` reads it in pieces)."
     with open(path, 'rb') as f:
-        while b := f.read(bufsize): h.update(b)
-    return h.hexdigest()
+        return hashlib.file_digest(f, 'sha256').hexdigest()
 
 # %% ../nbs/71_ckpt.ipynb #8dba5b75
 def write_sums(d, sums: dict):

@@ -11,7 +11,7 @@ from ..usage import UsageError
 from .core import Stage, run_task, is_done
 
 # %% auto #0
-__all__ = ['DownloadError', 'sha256_file', 'fetch', 'safe_name', 'read_manifest', 'DownloadStage', 'run_downloads']
+__all__ = ['DownloadError', 'fetch', 'safe_name', 'read_manifest', 'DownloadStage', 'run_downloads']
 
 # %% ../../nbs/5d_download.ipynb #e5154de1
 _log = logging.getLogger(__name__)
@@ -19,12 +19,6 @@ _log = logging.getLogger(__name__)
 class DownloadError(UsageError): "A download that failed for good: the URL and why (one line on the command line)."
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
-
-def sha256_file(path, chunk=1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        while b := f.read(chunk): h.update(b)
-    return h.hexdigest()
 
 def _attempt(session, url, part, timeout, chunk) -> int | None:
     "One request appending to `part`; the expected total size (None if unknown). Raises on network errors."
@@ -66,7 +60,8 @@ def fetch(url, dest, sha256=None, timeout=30.0, retries=5, backoff=0.5, chunk=1 
         if attempt == retries: raise DownloadError(f'{url}: gave up after {retries + 1} attempts ({err})')
         _log.warning(f'{url}: {err}; retrying in {backoff * 2 ** attempt:.1f} s')
         time.sleep(backoff * 2 ** attempt)
-    digest = sha256_file(part)
+    with open(part, 'rb') as f:
+        digest = hashlib.file_digest(f, 'sha256').hexdigest()
     if sha256 and digest != sha256.lower():
         part.unlink()
         raise DownloadError(f'{url}: sha256 {digest} does not match the expected {sha256.lower()}')

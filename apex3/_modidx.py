@@ -1078,7 +1078,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                 'apex3/offload_plan.py'),
                                     'apex3.offload_plan.OffloadPlan.flags': ( 'offload_plan.html#offloadplan.flags',
                                                                               'apex3/offload_plan.py'),
-                                    'apex3.offload_plan.OffloadSettings': ('offload_plan.html#offloadsettings', 'apex3/offload_plan.py'),
+                                    'apex3.offload_plan.OffloadPricing': ('offload_plan.html#offloadpricing', 'apex3/offload_plan.py'),
                                     'apex3.offload_plan._activations_offloaded': ( 'offload_plan.html#_activations_offloaded',
                                                                                    'apex3/offload_plan.py'),
                                     'apex3.offload_plan._flag_sets': ('offload_plan.html#_flag_sets', 'apex3/offload_plan.py'),

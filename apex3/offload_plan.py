@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['LINKS', 'GEMM_SAVED', 'ACT_BYTES_PER_TOKEN_D', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB', 'HOST_SLAB_WASTE',
            'KERNEL_EFF', 'HOST_ACCUM_PER_S', 'BOTH_WAYS_SHARE', 'BACKWARD_WORKSPACE_GIB', 'link_speed',
-           'OffloadSettings', 'offload_host_gib', 'OffloadPlan', 'offload_plan', 'plan_main']
+           'OffloadPricing', 'offload_host_gib', 'OffloadPlan', 'offload_plan', 'plan_main']
 
 # %% ../nbs/21_offload_plan.ipynb #e38926da
 import dataclasses, json, math
@@ -48,7 +48,7 @@ BACKWARD_WORKSPACE_GIB = 5
 
 # %% ../nbs/21_offload_plan.ipynb #7978ef34
 @dataclass(frozen=True)
-class OffloadSettings:
+class OffloadPricing:
     "The GPU and the flags one offload plan is priced with (see `_offload_budgets` and `_offload_times`)."
     gpu: object                    # a `GPU`, or anything with `mem_gb` (and `peak`, for the times)
     micro_bs: int = 6              # sequences per micro-batch
@@ -84,7 +84,7 @@ def _activations_offloaded(c, s):
     return by_count + max(0, rest - s.act_budget * s.gpu.mem_gb * _GiB)
 
 # %% ../nbs/21_offload_plan.ipynb #878978fe
-def _offload_budgets(c, counts, s: OffloadSettings):
+def _offload_budgets(c, counts, s: OffloadPricing):
     "GPU bytes, host bytes, activation bytes offloaded per micro-batch, and parameters whose state stays on the GPU."
     N, d = counts['total'], c.d_model
     per, _ = _per_param(c, counts, s.accum_on)
@@ -110,12 +110,12 @@ def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offlo
                      overhead_gib=HOST_OVERHEAD_GIB) -> float:
     "Host GiB a one-GPU offload run of `cfg` needs by this model (the benchmark and trainer check it before pinning)."
     from apex3.config import param_counts
-    s = OffloadSettings(SimpleNamespace(mem_gb=gpu_mem_gib), micro_bs, accum_on, act_budget, act_offload, resident_gib,
+    s = OffloadPricing(SimpleNamespace(mem_gb=gpu_mem_gib), micro_bs, accum_on, act_budget, act_offload, resident_gib,
                         overhead_gib)
     return _offload_budgets(cfg, param_counts(cfg), s)[1] / _GiB
 
 # %% ../nbs/21_offload_plan.ipynb #4d09ae32
-def _offload_times(c, counts, s: OffloadSettings, offloaded, kept=0, preload=False):
+def _offload_times(c, counts, s: OffloadPricing, offloaded, kept=0, preload=False):
     """Compute, link and host-addition seconds per micro-batch; the optimizer step's seconds, and how long its
     write-backs go on beside the next micro-batches (with `preload`: the GPU has room for the ring)."""
     N, T, (up, down) = counts['total'], s.micro_bs * c.seq_len, _per_param(c, counts, s.accum_on)
@@ -187,7 +187,7 @@ class OffloadPlan:
                 f'  Flags        {self.flags()}')
 
 # %% ../nbs/21_offload_plan.ipynb #56f6c543
-def _priced(base, c, counts, s: OffloadSettings, accum, host_gib, offload_gpu_gib=None) -> OffloadPlan:
+def _priced(base, c, counts, s: OffloadPricing, accum, host_gib, offload_gpu_gib=None) -> OffloadPlan:
     "The plan of `c` (a depth of `base`) priced with `s`, the state kept on the GPU unless told; `accum` micro-batches."
     g = s.gpu
     gpu_budget, host_budget = MEM_FRACTION * g.mem_gb, MEM_FRACTION * host_gib
@@ -233,7 +233,7 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
         c = dataclasses.replace(base, n_layers=L)
         n, plans = param_counts(c), []
         for acc in [offload_accum] if offload_accum else ['gpu', 'cpu']:   # unless told, the faster of the two
-            tries = [_priced(base, c, n, OffloadSettings(g, micro_bs, acc, b, act_n, **rates), accum, host_gib,
+            tries = [_priced(base, c, n, OffloadPricing(g, micro_bs, acc, b, act_n, **rates), accum, host_gib,
                              offload_gpu_gib) for act_n, b in _flag_sets(act_offload, act_budget)]
             plans.append(next(filter(fits, tries), tries[-1]))
         if good := [p for p in plans if fits(p)] or (plans if layers else []):

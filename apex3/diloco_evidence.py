@@ -164,7 +164,7 @@ def outer_of(r) -> tuple:
 # %% ../nbs/43_diloco_evidence.ipynb #1f43f496
 def plot_outer(recs):
     """Left: the final loss ratio against data parallel of FP32 DiLoCo at H = 50 from random init, against the outer
-    lr, a line per momentum. Right: every round's |outer update| / |mean pseudo-gradient|, for the runs that recorded it."""
+    lr, a line per momentum. Right: every round's |outer update| / |mean pseudo-gradient|, where recorded."""
     import matplotlib.pyplot as plt
     dp = {(r.get('start', 'random init'), r['tokens']): r['val_final'] for r in recs if r['run'] == 'data parallel'}
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -183,7 +183,8 @@ def plot_outer(recs):
                     label=f"{r['run'].replace('DiLoCo H=50 fp32', 'outer').replace('outer outer', 'outer')} "
                           f"({r.get('start', 'random init')})".replace('outer (', 'outer 0.7/0.9 ('))
     a2.axhline(1, color='k', ls=':', lw=1)
-    a2.set(xlabel='round', ylabel='|update| / |mean pseudo-gradient|', yscale='log', title='how far the outer step goes')
+    a2.set(xlabel='round', ylabel='|update| / |mean pseudo-gradient|', yscale='log',
+           title='how far the outer step goes')
     a2.legend(fontsize=7)
     fig.tight_layout()
     plt.close(fig)

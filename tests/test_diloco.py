@@ -11,7 +11,9 @@ KEY = 'test-key-0123456789abcdef'
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'DILOCO_KEY': KEY, 'PYTHONPATH': str(ROOT)}
 
 def free_port():
-    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
 
 def files_workers(tmp, n, rounds=3, every=4, how="fp32", http=False, timeout=100):
     "Start `n` toy workers through the files transport, each naming every other's directory (or URL); their globals."
@@ -91,7 +93,8 @@ def test_killed_peer_deadline_then_late_join(tmp_path, data):
     deadline = max(1.0, boot / 3)                 # 9 lone rounds of at least the deadline: 3x a start-up
     w0 = worker(tmp_path, data, 0, 48, timeout=deadline)
     wait_for(lambda: (tmp_path / 'd1' / 'round-000000002').exists(), w1)
-    w1.send_signal(signal.SIGKILL); w1.communicate()
+    w1.send_signal(signal.SIGKILL)
+    w1.communicate()
     wait_for(lambda: (tmp_path / 'd0' / 'global-000000003').exists(), w0)   # a round alone
     late = worker(tmp_path, data, 1, 48, timeout=60, name='late')
     err0, err1 = done(w0), done(late)
@@ -129,7 +132,8 @@ def test_two_trainers_identical_globals_branch_and_resume_after_sigkill(tmp_path
     cut = tmp_path / 'cut'
     w0, w1 = worker(cut, data, 0, steps, *ck), worker(cut, data, 1, steps, *ck)
     wait_for(lambda: len(list((cut / 'ck1').glob('tokens-*'))) >= 2, w1)
-    w1.send_signal(signal.SIGKILL); w1.communicate()
+    w1.send_signal(signal.SIGKILL)
+    w1.communicate()
     assert max(r['step'] for r in read_log(cut / 'ck1' / 'train.jsonl')) < steps
     err = done(worker(cut, data, 1, steps, *ck, '--resume'))
     done(w0)
@@ -149,7 +153,9 @@ def test_two_trainers_identical_globals_branch_and_resume_after_sigkill(tmp_path
     f = ref / 'd1' / 'global-000000003' / 'global.safetensors'
     glob, model = load_file(f), load_checkpoint(latest_checkpoint(tmp_path / 'branch'))['model']
     assert all(torch.equal(model[k], glob[k]) for k in glob)
-    b = bytearray(f.read_bytes()); b[-1] ^= 1; f.write_bytes(bytes(b))
+    b = bytearray(f.read_bytes())
+    b[-1] ^= 1
+    f.write_bytes(bytes(b))
     capsys.readouterr()
     assert one('--branch-from-diloco', f.parent) == 2
     err = capsys.readouterr().err
@@ -214,7 +220,8 @@ def test_dist_resume_mid_round_and_dead_peer(tmp_path, data):
     dead = tmp_path / 'dead'
     ps = dist_pair(dead, data, 16)
     wait_for(lambda: (dead / 'worker-1' / 'tokens-000000000000768').exists(), ps[1])
-    ps[1].send_signal(signal.SIGKILL); ps[1].communicate()
+    ps[1].send_signal(signal.SIGKILL)
+    ps[1].communicate()
     err = done(ps[0])
     assert err.count('continues alone') == 1, err[-2000:]
     rs = rounds(dead / 'worker-0' / 'train.jsonl')
@@ -225,7 +232,7 @@ def test_dist_resume_mid_round_and_dead_peer(tmp_path, data):
     r0, r1 = (rounds(dead / f'worker-{w}' / 'train.jsonl') for w in (0, 1))
     assert [(x['step'], x['diloco_round'], x['diloco_averaged']) for x in r0[-1:]] == [(24, 3, 1)]
     back = r1[-1]   # its step 16: caught up to round 2, then round 3 with nothing of its own to add
-    assert (back['step'], back['diloco_caught_up_from'], back['diloco_was_round'], back['diloco_round']) == (16, 0, 1, 3)
+    assert [back[k] for k in ('step', 'diloco_caught_up_from', 'diloco_was_round', 'diloco_round')] == [16, 0, 1, 3]
     assert back['diloco_averaged'] == 1 and not any('continues alone' in e for e in errs)
     g0, g1 = (load_checkpoint(latest_checkpoint(dead / f'worker-{w}'))['diloco'] for w in (0, 1))
     assert g0['round'] == g1['round'] == 3 and all(torch.equal(g0['glob'][k], g1['glob'][k]) for k in g0['glob'])

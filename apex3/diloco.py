@@ -5,9 +5,9 @@ moved and an outer optimizer with momentum moves the shared weights."""
 
 # %% auto #0
 __all__ = ['COMPRESS', 'SCALE', 'local_weights', 'set_weights', 'shard_of', 'full_of', 'Outer', 'outer_step', 'pseudo_gradient',
-           'average', 'encode', 'decode', 'expected_encoding', 'payload_bytes', 'DiLoCo', 'mean_of', 'diloco_round',
-           'ListTransport', 'toy_model', 'toy_worker_steps', 'make_inner', 'simulate', 'data_parallel', 'DistTransport',
-           'init_worker_groups', 'toy_worker', 'shard_toy', 'spawn_dist_toy']
+           'average', 'outer_stats', 'encode', 'decode', 'expected_encoding', 'payload_bytes', 'DiLoCo', 'mean_of',
+           'diloco_round', 'ListTransport', 'toy_model', 'toy_worker_steps', 'make_inner', 'simulate', 'data_parallel',
+           'DistTransport', 'init_worker_groups', 'toy_worker', 'shard_toy', 'spawn_dist_toy']
 
 # %% ../nbs/40_diloco.ipynb #15ba88d0
 import copy, logging, math, time
@@ -86,6 +86,16 @@ def average(deltas: list) -> dict:
     if len(deltas) == 1: return {k: v.clone() for k, v in deltas[0].items()}
     return {k: sum(d[k] for d in deltas[1:]).add(deltas[0][k]) / len(deltas) for k in deltas[0]}
 
+# %% ../nbs/40_diloco.ipynb #83fbf642
+def outer_stats(mom: dict, delta: dict, outer: Outer) -> dict:
+    "Cosine of the pseudo-gradient `delta` with the momentum `mom` before the step, and |outer update| / |delta|."
+    dot = lambda a, b: sum(float(torch.vdot(a[k].reshape(-1), b[k].reshape(-1))) for k in a)
+    d2, m2, dm = dot(delta, delta), dot(mom, mom), dot(delta, mom)
+    mu = outer.momentum
+    u2 = (1 + mu) ** 2 * d2 + 2 * (1 + mu) * mu ** 2 * dm + mu ** 4 * m2   # |(1 + μ)Δ + μ²m|²
+    cos = dm / math.sqrt(d2 * m2) if d2 * m2 > 0 else 0.0
+    return dict(diloco_cos_momentum=cos, diloco_outer_gain=outer.lr * math.sqrt(max(u2, 0.0) / d2) if d2 else 0.0)
+
 # %% ../nbs/40_diloco.ipynb #0b38f346
 COMPRESS = ('fp32', 'bf16', 'int8')
 SCALE = '::scale'   # the suffix of an int8 tensor's per-row scales
@@ -152,11 +162,12 @@ class DiLoCo:
         t0 = time.perf_counter()
         enc = encode(pseudo_gradient(self.glob, local), self.compress)
         mean, ranks, rec = self.transport.exchange(self.round + 1, enc, tokens)
+        stats = outer_stats(self.mom, mean, self.outer)
         outer_step(self.glob, self.mom, mean, self.outer)
         self.round, self.tokens = self.round + 1, int(tokens)
         if hasattr(self.transport, 'committed'): self.transport.committed(self)   # e.g. publish the new global state
         rec = dict(diloco_round=self.round, diloco_ranks=sorted(ranks),
-                   diloco_payload_bytes=payload_bytes(self.shapes, self.compress), **rec,
+                   diloco_payload_bytes=payload_bytes(self.shapes, self.compress), **rec, **stats,
                    diloco_s=time.perf_counter() - t0)
         return self.glob, rec
 
@@ -184,10 +195,12 @@ class DiLoCo:
         full = lambda d: {k: full_of(v, self.layout[k]) if k in self.layout else v for k, v in d.items()}
         return dict(glob=full(self.glob), mom=full(self.mom), round=self.round, tokens=self.tokens)
     def load_state_dict(self, sd):
-        if {k: tuple(v.shape) for k, v in sd['glob'].items()} != self.full_shapes:
+        "Full FP32 tensors (`state_dict`'s), or this rank's own where `sd['local']` (a dist transport's catch-up)."
+        local = sd.get('local', False)
+        if {k: tuple(v.shape) for k, v in sd['glob'].items()} != (self.shapes if local else self.full_shapes):
             raise UsageError('the DiLoCo state does not fit this model')
         def part(k, v):
-            if k not in self.layout: return v.clone().float()
+            if local or k not in self.layout: return v.clone().float()
             return shard_of(v, self.layout[k]).to('cpu', torch.float32, copy=True)
         self.glob = {k: part(k, v) for k, v in sd['glob'].items()}
         self.mom = {k: part(k, v) for k, v in sd['mom'].items()}
@@ -198,8 +211,12 @@ def mean_of(encs: dict, how: str) -> dict:
     return average([decode(encs[r], how) for r in sorted(encs)])
 
 def diloco_round(dl: DiLoCo, model, opt, tokens=0) -> dict:
-    "The trainer's hook every H steps: a round from the model's weights; the model restarts from the new global ones."
-    if (rec := dl.catch_up()) is None: _, rec = dl.step(local_weights(model, opt), tokens)
+    """The trainer's hook every H steps: a round from the model's weights; the model restarts from the new global ones.
+    A worker that catches up skips the round, or (`transport.joins_round`) enters it adding nothing."""
+    caught = dl.catch_up()
+    rec = caught or {}
+    if caught is None or getattr(dl.transport, 'joins_round', False):
+        rec = {**rec, **dl.step(dict(dl.glob) if caught else local_weights(model, opt), tokens)[1]}
     set_weights(model, opt, dl.glob)
     return rec
 
@@ -280,26 +297,28 @@ def _unflat(flat, enc: dict, dtype) -> dict:
             i += v.numel()
     return out
 
-def _reduce(pg, rnd, enc, how) -> dict:
-    """The mean over `pg` of every worker's `enc` for round `rnd` (collectives with `pg`'s deadline: they raise when a
-    peer fails them); workers at different rounds are a usage error, never averaged."""
+def _reduce(pg, rnd, enc, how, weight=1) -> tuple:
+    """The mean over `pg` of the workers' `enc` for round `rnd`, those of `weight` 0 (a worker that has just caught up:
+    zeros) left out, and how many were averaged. Collectives with `pg`'s deadline: they raise when a peer fails them;
+    workers at different rounds are a usage error, never averaged."""
     world = pg.size()
-    got = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    pg.allgather([got], [torch.tensor([rnd])]).wait()
-    if len(rounds := {int(t) for t in got}) > 1:
+    got = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
+    pg.allgather([got], [torch.tensor([rnd, weight])]).wait()
+    n, took = sum(int(t[1]) for t in got), [r for r, t in enumerate(got) if t[1]]
+    if len(rounds := {int(t[0]) for t in got}) > 1:
         raise UsageError(f'diloco round {rnd}: the workers are at rounds {sorted(rounds)}: resume them all from '
                          'checkpoints of the same step')
     if how != 'int8':
         flat = _flat(enc, next(iter(enc.values())).dtype).clone()   # summed in place; `enc` stays this worker's own
         pg.allreduce([flat]).wait()
-        return {k: v.float() / world for k, v in _unflat(flat, enc, flat.dtype).items()}
+        return {k: v.float() / n for k, v in _unflat(flat, enc, flat.dtype).items()}, n
     parts = []
     for dt in (torch.int8, torch.float32):
         mine = _flat(enc, dt)
         got = [torch.empty_like(mine) for _ in range(world)]
         pg.allgather([got], [mine]).wait()
         parts.append([_unflat(x, enc, dt) for x in got])
-    return mean_of({r: {**q, **s} for r, (q, s) in enumerate(zip(*parts))}, 'int8')
+    return mean_of({r: {**q, **s} for r, (q, s) in enumerate(zip(*parts)) if r in took}, 'int8'), n
 
 # %% ../nbs/40_diloco.ipynb #e341b7a2
 def _over_worker(x: int, op=dist.ReduceOp.SUM) -> int:
@@ -315,24 +334,58 @@ def _default_device():
 class DistTransport:
     """Average the pseudo-gradients over the workers of `pg` (a gloo group, one rank per worker): `allreduce` (int8:
     `allgather`). A peer that dies or misses `pg`'s deadline fails the collective: this worker averages itself alone
-    from then on, and says so."""
-    def __init__(self, pg, how='fp32'): self.pg, self.how, self.alone = pg, how, False
+    from then on, and says so. Workers restarted at different rounds: those behind take the newest global state."""
+    def __init__(self, pg, how='fp32'): self.pg, self.how, self.alone, self.idle = pg, how, False, False
+    joins_round = True   # a worker that caught up still enters the round's collectives (with nothing to add)
+
+    def _together(self, rnd, fn) -> tuple:
+        "(True, `fn()`) for `fn`'s collectives on `pg`; (False, None) once a rank of this worker failed one: alone."
+        if self.alone: return False, None
+        out, err = None, None
+        try: out = fn()
+        except RuntimeError as e: err = str(e).strip().splitlines()[0][:160]   # gloo: a peer gone, or the deadline
+        # one rank of this worker failed: the whole worker goes on alone, so that its shards stay of one kind
+        if _over_worker(int(err is None), dist.ReduceOp.MIN): return True, out
+        _log.warning('diloco round %d: the dist collective failed (%s): this worker (%d of %d) continues alone', rnd,
+                     err or 'on another rank of this worker', self.pg.rank(), self.pg.size())
+        self.alone = True
+        return False, None
+
     def exchange(self, rnd, enc, tokens):
         shapes = {k: v.shape for k, v in enc.items() if not k.endswith(SCALE)}
         me, world, sent = self.pg.rank(), self.pg.size(), _over_worker(payload_bytes(shapes, self.how))   # all shards
-        mean, err = None, None
-        if not self.alone:
-            try: mean = _reduce(self.pg, rnd, enc, self.how)
-            except RuntimeError as e: err = str(e).strip().splitlines()[0][:160]   # gloo: a peer gone, or the deadline
-        # one rank of this worker failed: the whole worker goes on alone, so that its shards stay of one kind
-        if not _over_worker(int(mean is not None), dist.ReduceOp.MIN):
-            if not self.alone: _log.warning('diloco round %d: the dist collective failed (%s): this worker (%d of %d) '
-                                            'continues alone', rnd, err or 'on another rank of this worker', me, world)
-            self.alone, mean = True, decode(enc, self.how)
+        if self.idle: enc = {k: torch.zeros_like(v) for k, v in enc.items()}   # it adds nothing to the sum
+        ok, got = self._together(rnd, lambda: _reduce(self.pg, rnd, enc, self.how, int(not self.idle)))
+        mean, n = got if ok else (decode(enc, self.how), 1)
+        self.idle = False
         ranks = [me] if self.alone else list(range(world))
         rec = dict(diloco_rejected={}, diloco_missing=world - len(ranks), diloco_bytes_sent=sent * (len(ranks) > 1),
-                   diloco_bytes_received=sent * (len(ranks) - 1))
+                   diloco_bytes_received=sent * (len(ranks) - 1), diloco_averaged=n)
         return mean, ranks, rec
+
+    def newer_state(self, dl):
+        "Before every round: the newest global state if another worker is ahead (a restarted job), else None."
+        ok, got = self._together(dl.round + 1, lambda: _newest(self.pg, dl))
+        self.idle = bool(ok and got)   # it trained from older weights: this round it adds nothing
+        return got if ok else None
+
+def _newest(pg, dl):
+    """`dl`'s state (its tensors this rank's) from the lowest-ranked worker of `pg` at the highest round, with the
+    round's record, for a worker behind it; None where every worker is at that round."""
+    got = [torch.zeros(2, dtype=torch.int64) for _ in range(pg.size())]
+    pg.allgather([got], [torch.tensor([dl.round, dl.tokens])]).wait()
+    rounds = [int(t[0]) for t in got]
+    if min(rounds) == max(rounds): return None
+    src, names = rounds.index(max(rounds)), list(dl.glob)
+    flat = torch.cat([d[k].reshape(-1) for d in (dl.glob, dl.mom) for k in names]).float()
+    pg.broadcast(flat, src).wait()
+    if rounds[pg.rank()] == max(rounds): return None
+    parts = iter(flat.split([dl.glob[k].numel() for k in names] * 2))
+    glob, mom = ({k: next(parts).reshape(dl.glob[k].shape).clone() for k in names} for _ in range(2))
+    _log.warning('diloco: catching up from worker %d at round %d (this worker was at round %d)', src, rounds[src],
+                 dl.round)
+    state = dict(glob=glob, mom=mom, round=rounds[src], tokens=int(got[src][1]), local=True)
+    return state, dict(diloco_round=rounds[src], diloco_caught_up_from=src, diloco_was_round=dl.round)
 
 def init_worker_groups(workers, timeout=600.0, backend='gloo'):
     """Join a job of `workers` DiLoCo workers of G ranks each (RANK, WORLD_SIZE, MASTER_* in the environment, as

@@ -16,7 +16,7 @@ from .usage import UsageError
 from .ckpt import SUMS, verify_checkpoint
 from torch.distributed.tensor import DTensor
 from .diloco import (COMPRESS, DiLoCo, DistTransport, Outer, diloco_round, local_weights, set_weights,
-                          init_worker_groups)
+                          init_worker_groups, _tensors)
 from .diloco_files import GLOBAL_FILES, POINTER, FilesTransport, serve_dir
 
 _log = logging.getLogger('apex3.diloco')
@@ -123,10 +123,17 @@ def start_diloco(run, st, resumed: bool) -> dict | None:
     return rec
 
 def maybe_round(run, st) -> dict:
-    "The trainer's hook after a step: a round every `--diloco-every` steps; the round's record fields (else none)."
+    """The trainer's hook after a step: a round every `--diloco-every` steps; the round's record fields (else none). A
+    worker that caught up with a newer global state takes up its round's step and tokens, as a late joiner does."""
     dl, H = getattr(run, 'diloco', None), run.a.diloco_every
     if dl is None or st.step % H: return {}
-    return diloco_round(dl, run.model, run.opt, st.tokens)
+    rec = diloco_round(dl, run.model, run.opt, st.tokens)
+    if 'diloco_caught_up_from' in rec and st.step != dl.round * H:
+        per = st.tokens // st.step
+        st.step, st.tokens = dl.round * H, dl.round * H * per
+        st.next_ckpt = (st.tokens // run.a.ckpt_every + 1) * run.a.ckpt_every
+        _log.info('diloco: caught up to round %d (step %d, %d tokens)', dl.round, st.step, st.tokens)
+    return rec
 
 # %% ../nbs/42_diloco_train.ipynb #e0ac2f4b
 def global_state_dir(path) -> Path:
@@ -144,7 +151,7 @@ def branch_from_diloco(run, path):
         raise UsageError(f'--branch-from-diloco {g}: {"; ".join(problems)}')
     try: glob = load_file(g / GLOBAL_FILES[0])
     except Exception as e: raise UsageError(f'--branch-from-diloco {g}: not safetensors ({str(e)[:80]})') from None
-    want = {k: tuple(v.shape) for k, v in local_weights(run.model, run.opt).items()}
+    want = {k: tuple(t.shape) for k, t in _tensors(run.model).items()}   # full shapes, under FSDP2 too
     if {k: tuple(v.shape) for k, v in glob.items()} != want or any(v.dtype != torch.float32 for v in glob.values()):
         raise UsageError(f'--branch-from-diloco {g}: its weights are not this model\'s (same --config and --set?)')
     set_weights(run.model, run.opt, glob)

@@ -197,7 +197,9 @@ def check_args(a, d):
     if d.world > 1 and not a.fsdp:   # (a DiLoCo worker's ranks, under --diloco-transport dist)
         hint = '' if a.diloco_workers else ' (or --diloco-transport dist)'
         raise UsageError(f'{d.world} ranks need --fsdp{hint}')
-    if a.fsdp and a.offload: raise UsageError('--fsdp and --offload do not combine (the host optimizer is single-GPU)')
+    if a.fsdp and a.offload:
+        raise UsageError('--fsdp and --offload do not combine: offload is a one-GPU design (the whole FP32 optimizer '
+                         'in host memory); several GPUs: --fsdp')
     for s in a.val_data:
         if '=' not in s: raise UsageError(f'--val-data expects NAME=GLOB, got {s!r}')
     check_diloco_args(a, d)

@@ -11,7 +11,9 @@ KEY = 'test-key-0123456789abcdef'
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'DILOCO_KEY': KEY, 'PYTHONPATH': str(ROOT)}
 
 def free_port():
-    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
 
 def files_workers(tmp, n, rounds=3, every=4, how="fp32", http=False, timeout=100):
     "Start `n` toy workers through the files transport, each naming every other's directory (or URL); their globals."
@@ -76,50 +78,62 @@ def wait_for(cond, p, timeout=120):
         assert p.poll() is None and time.time() - t < timeout, 'the worker ended (or hung) before the moment awaited'
         time.sleep(0.02)
 
+def started(d, p):
+    "Seconds until worker `p` has published its starting global state in directory `d` (it is then in its loop)."
+    t = time.time()
+    wait_for(lambda: (d / 'global.json').exists(), p)
+    return time.time() - t
+
 def test_killed_peer_deadline_then_late_join(tmp_path, data):
-    "Worker 1 is SIGKILLed: worker 0's rounds wait at most the deadline and average alone; a new worker 1 joins late."
-    w0 = worker(tmp_path, data, 0, 48, timeout=1.5)
-    w1 = worker(tmp_path, data, 1, 48, timeout=1.5)
+    """Worker 1 is SIGKILLed: worker 0's rounds wait at most the deadline and average alone; a new worker 1 joins late.
+    Worker 1 starts first with a long deadline, so round 1 never races the two start-ups; worker 0's deadline comes from
+    the measured start-up, so that its lone rounds outlast the late worker's start on a loaded machine."""
+    w1 = worker(tmp_path, data, 1, 48, timeout=60)
+    boot = started(tmp_path / 'd1', w1)
+    deadline = max(1.0, boot / 3)                 # 9 lone rounds of at least the deadline: 3x a start-up
+    w0 = worker(tmp_path, data, 0, 48, timeout=deadline)
     wait_for(lambda: (tmp_path / 'd1' / 'round-000000002').exists(), w1)
-    w1.send_signal(signal.SIGKILL); w1.communicate()
-    wait_for(lambda: (tmp_path / 'd0' / 'global-000000005').exists(), w0)   # alone for a while
-    late = worker(tmp_path, data, 1, 48, timeout=1.5, name='late')
+    w1.send_signal(signal.SIGKILL)
+    w1.communicate()
+    wait_for(lambda: (tmp_path / 'd0' / 'global-000000003').exists(), w0)   # a round alone
+    late = worker(tmp_path, data, 1, 48, timeout=60, name='late')
     err0, err1 = done(w0), done(late)
     rs0 = rounds(tmp_path / 'ck0' / 'train.jsonl')
     assert [x['diloco_round'] for x in rs0] == list(range(1, 13))
     assert rs0[0]['diloco_ranks'] == [0, 1] and any(x['diloco_ranks'] == [0] and x['diloco_missing'] == 1 for x in rs0)
     assert 'nothing from' in err0 and 'averaging 1 of 2 workers' in err0
-    assert any(x['diloco_ranks'] == [0, 1] for x in rs0[5:]), 'the late worker never took part'
+    assert any(x['diloco_ranks'] == [0, 1] for x in rs0[3:]), 'the late worker never took part'
     assert 'joined at round' in err1
     first = read_log(tmp_path / 'ck1late' / 'train.jsonl')[0]
-    assert first['step'] > 5 * H and first['tokens'] == first['step'] * STEP_TOKENS   # took up the others' step, tokens
+    assert first['step'] > 3 * H and first['tokens'] == first['step'] * STEP_TOKENS   # took up the others' step, tokens
     from apex3.ckpt import verify_checkpoint
     assert verify_checkpoint(tmp_path / 'd0' / 'global-000000012') == []   # the state kept through all of it verifies
 
-def test_two_trainers_identical_globals_branch_and_resume_after_sigkill(tmp_path, data):
+def test_two_trainers_identical_globals_branch_and_resume_after_sigkill(tmp_path, data, capsys):
     """Two workers end with identical global states, the key nowhere on disk; an ordinary run branches from the state (a
     changed byte is refused); a worker SIGKILLed between rounds and resumed gives every step's loss and the final global
     weights of the uninterrupted pair."""
-    steps, ck = 16, ['--ckpt-every', STEP_TOKENS * H]
+    steps, ck = 12, ['--ckpt-every', STEP_TOKENS * H]
     ref = tmp_path / 'ref'
     errs = [done(p) for p in [worker(ref, data, r, steps, *ck) for r in (0, 1)]]
-    assert final_global(ref / 'd0') == final_global(ref / 'd1') and final_global(ref / 'd0')[0] == 4
+    assert final_global(ref / 'd0') == final_global(ref / 'd1') and final_global(ref / 'd0')[0] == 3
     for r in (0, 1):
         rs = rounds(ref / f'ck{r}' / 'train.jsonl')
-        assert [x['diloco_ranks'] for x in rs] == [[0, 1]] * 4 and all(x['diloco_rejected'] == {} for x in rs)
+        assert [x['diloco_ranks'] for x in rs] == [[0, 1]] * 3 and all(x['diloco_rejected'] == {} for x in rs)
         assert all(x['diloco_bytes_received'] > 0 for x in rs)
     losses = [[x['loss'] for x in read_log(ref / f'ck{r}' / 'train.jsonl')] for r in (0, 1)]
     assert losses[0] != losses[1]   # each worker its own data slice
     from apex3.ckpt import latest_checkpoint, load_checkpoint
     ck0 = load_checkpoint(latest_checkpoint(ref / 'ck0'))
-    assert ck0['args']['diloco_key'] is None and ck0['diloco']['round'] == 4
+    assert ck0['args']['diloco_key'] is None and ck0['diloco']['round'] == 3
     leaked = [p for p in ref.rglob('*') if p.is_file() and KEY.encode() in p.read_bytes()]
     assert not leaked and not any(KEY in e for e in errs), leaked
     # SIGKILL worker 1 after its second checkpoint, resume it
     cut = tmp_path / 'cut'
     w0, w1 = worker(cut, data, 0, steps, *ck), worker(cut, data, 1, steps, *ck)
     wait_for(lambda: len(list((cut / 'ck1').glob('tokens-*'))) >= 2, w1)
-    w1.send_signal(signal.SIGKILL); w1.communicate()
+    w1.send_signal(signal.SIGKILL)
+    w1.communicate()
     assert max(r['step'] for r in read_log(cut / 'ck1' / 'train.jsonl')) < steps
     err = done(worker(cut, data, 1, steps, *ck, '--resume'))
     done(w0)
@@ -128,33 +142,33 @@ def test_two_trainers_identical_globals_branch_and_resume_after_sigkill(tmp_path
     for r in (0, 1):
         want = {x['step']: x['loss'] for x in read_log(ref / f'ck{r}' / 'train.jsonl')}
         assert {x['step']: x['loss'] for x in read_log(cut / f'ck{r}' / 'train.jsonl')} == want
-    # an ordinary run from the published global state: its model is that state; a changed byte is refused
+    # an ordinary run from the published global state (in this process: a run of no steps): its model is that state;
+    # a changed byte is refused with one line
     from safetensors.torch import load_file
-    args = lambda *extra: [*map(str, [*TINY, *data, '--total-tokens', 64, '--max-steps', 0, *extra])]
-    one = lambda *extra: subprocess.run([sys.executable, '-m', 'apex3.train', *args(*extra)], cwd=ROOT, env=ENV,
-                                        capture_output=True, text=True, timeout=120)
-    p = one('--ckpt-dir', tmp_path / 'branch', '--branch-from-diloco', ref / 'd1')
-    assert p.returncode == 0, p.stderr
-    f = ref / 'd1' / 'global-000000004' / 'global.safetensors'
+    from apex3.usage import run_command
+    from apex3.train import train_main
+    one = lambda *extra: run_command('train', train_main, [*map(str, [*TINY, *data, '--total-tokens', 64,
+                                                                      '--max-steps', 0, *extra])])
+    assert one('--ckpt-dir', tmp_path / 'branch', '--branch-from-diloco', ref / 'd1') == 0
+    f = ref / 'd1' / 'global-000000003' / 'global.safetensors'
     glob, model = load_file(f), load_checkpoint(latest_checkpoint(tmp_path / 'branch'))['model']
     assert all(torch.equal(model[k], glob[k]) for k in glob)
-    b = bytearray(f.read_bytes()); b[-1] ^= 1; f.write_bytes(bytes(b))
-    p = one('--branch-from-diloco', f.parent)
-    assert p.returncode == 2 and 'fails its checksum' in p.stderr and p.stderr.strip().count('\n') == 0, p.stderr
+    b = bytearray(f.read_bytes())
+    b[-1] ^= 1
+    f.write_bytes(bytes(b))
+    capsys.readouterr()
+    assert one('--branch-from-diloco', f.parent) == 2
+    err = capsys.readouterr().err
+    assert 'fails its checksum' in err and err.strip().count('\n') == 0, err
 
 def test_dist_transport_trainers(tmp_path, data):
-    """`--diloco-transport dist`: two ranks of one torchrun job, each a worker, average every H steps over gloo; then two
-    workers of two FSDP2 ranks each: their rounds move every shard, and their checkpointed global states are one."""
-    pre = lambda n: [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(n), '--master_port',
-                     str(free_port())]
-    args = [*TINY, *data, '--diloco-workers', 2, '--diloco-transport', 'dist', '--diloco-every', H]
-    run = lambda n, *extra: subprocess.run([*pre(n), '-m', 'apex3.train', *map(str, [*args, *extra])], cwd=ROOT, env=ENV,
-                                           capture_output=True, text=True, timeout=240)
-    p = run(2, '--total-tokens', STEP_TOKENS * 12, '--step-log', tmp_path / 'log.jsonl')
-    assert p.returncode == 0, p.stderr[-3000:]
-    one = [rounds(tmp_path / f'log.worker-{w}.jsonl') for w in (0, 1)]
-    for rs in one: assert [(x['step'], x['diloco_ranks']) for x in rs] == [(4, [0, 1]), (8, [0, 1]), (12, [0, 1])]
-    p = run(4, '--fsdp', '--total-tokens', 2 * STEP_TOKENS * 8, '--ckpt-dir', tmp_path / 'ck')
+    """`--diloco-transport dist` under torchrun: two workers of two FSDP2 ranks each: their rounds move every shard, and
+    their checkpointed global states are one. (Workers of one rank each: `test_dist_resume_mid_round_and_dead_peer`.)"""
+    pre = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '4', '--master_port', str(free_port())]
+    args = [*TINY, *data, '--diloco-workers', 2, '--diloco-transport', 'dist', '--diloco-every', H, '--fsdp',
+            '--total-tokens', 2 * STEP_TOKENS * 8, '--ckpt-dir', tmp_path / 'ck']
+    p = subprocess.run([*pre, '-m', 'apex3.train', *map(str, args)], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                       timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     from apex3.ckpt import latest_checkpoint, load_checkpoint
     cks = [load_checkpoint(latest_checkpoint(tmp_path / 'ck' / f'worker-{w}')) for w in (0, 1)]
@@ -163,8 +177,9 @@ def test_dist_transport_trainers(tmp_path, data):
     assert all(torch.equal(cks[0]['model'][k].float(), g0[k]) for k in g0)   # the gathered shards: the model after it
     rs = rounds(tmp_path / 'ck' / 'worker-0' / 'train.jsonl')
     assert [x['diloco_ranks'] for x in rs] == [[0, 1]] * 2
-    # every shard once (one unsharded worker's bytes), plus the replicated buffers (router biases) from each rank
-    assert 0 <= rs[0]['diloco_bytes_sent'] - one[0][0]['diloco_bytes_sent'] < 1e-3 * one[0][0]['diloco_bytes_sent']
+    # every shard once (one unsharded worker's FP32 bytes), plus the replicated buffers (router biases) from each rank
+    whole = 4 * sum(v.numel() for v in g0.values())
+    assert 0 <= rs[0]['diloco_bytes_sent'] - whole < 1e-3 * whole
 
 def dist_pair(tmp, data, steps, *extra, kill=None):
     "Two `apex3 train` DiLoCo workers of one dist job, without torchrun (so that one may die alone): their Popens."
@@ -177,19 +192,24 @@ def dist_pair(tmp, data, steps, *extra, kill=None):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
 
 def test_dist_resume_mid_round_and_dead_peer(tmp_path, data):
-    """Both workers SIGKILLed after a checkpoint in the middle of a round (as torchrun stops a job) and resumed give the
-    uninterrupted pair's every loss and final weights; one worker SIGKILLed alone: the other finishes, averaging alone."""
+    """Two workers of one rank each average every round; both SIGKILLed after a checkpoint in the middle of a round (as
+    torchrun stops a job) and resumed give the uninterrupted pair's every loss and final weights; one worker SIGKILLed
+    alone: the other finishes, averaging alone; the job restarted, the worker that died catches up from the global state
+    and both end on the same one."""
     from apex3.ckpt import latest_checkpoint, load_checkpoint, verify_checkpoint
     ref = tmp_path / 'ref'
-    for p in dist_pair(ref, data, 24): done(p)
+    for p in dist_pair(ref, data, 16): done(p)
+    for w in (0, 1):
+        rs = rounds(ref / f'worker-{w}' / 'train.jsonl')
+        assert [(x['step'], x['diloco_ranks'], x['diloco_averaged']) for x in rs] == [(8, [0, 1], 2), (16, [0, 1], 2)]
     cut = tmp_path / 'cut'
-    ps = dist_pair(cut, data, 24)
+    ps = dist_pair(cut, data, 16)
     mid = lambda w: (cut / f'worker-{w}' / 'tokens-000000000000768').exists()   # step 12, between rounds 8 and 16
     wait_for(lambda: mid(0) and mid(1), ps[0])
     for p in ps: p.send_signal(signal.SIGKILL)
     for p in ps: p.communicate()
-    assert all(max(r['step'] for r in read_log(cut / f'worker-{w}' / 'train.jsonl')) < 24 for w in (0, 1))
-    errs = [done(p) for p in dist_pair(cut, data, 24, '--resume')]
+    assert all(max(r['step'] for r in read_log(cut / f'worker-{w}' / 'train.jsonl')) < 16 for w in (0, 1))
+    errs = [done(p) for p in dist_pair(cut, data, 16, '--resume')]
     assert 'resumed from' in errs[0]   # (only the job's rank 0 logs at INFO)
     for w in (0, 1):
         want = {x['step']: x['loss'] for x in read_log(ref / f'worker-{w}' / 'train.jsonl')}
@@ -198,14 +218,24 @@ def test_dist_resume_mid_round_and_dead_peer(tmp_path, data):
         a, b = (load_checkpoint(latest_checkpoint(d / f'worker-{w}'))['model'] for d in (ref, cut))
         assert all(torch.equal(a[k], b[k]) for k in a)
     dead = tmp_path / 'dead'
-    ps = dist_pair(dead, data, 24)
+    ps = dist_pair(dead, data, 16)
     wait_for(lambda: (dead / 'worker-1' / 'tokens-000000000000768').exists(), ps[1])
-    ps[1].send_signal(signal.SIGKILL); ps[1].communicate()
+    ps[1].send_signal(signal.SIGKILL)
+    ps[1].communicate()
     err = done(ps[0])
     assert err.count('continues alone') == 1, err[-2000:]
     rs = rounds(dead / 'worker-0' / 'train.jsonl')
-    assert [(x['step'], x['diloco_ranks'], x['diloco_missing']) for x in rs] == [(8, [0, 1], 0), (16, [0], 1), (24, [0], 1)]
+    assert [(x['step'], x['diloco_ranks'], x['diloco_missing']) for x in rs] == [(8, [0, 1], 0), (16, [0], 1)]
     assert verify_checkpoint(latest_checkpoint(dead / 'worker-1')) == []   # the dead worker's state: resumable
+    # the job restarts: worker 0 from its step 16 (round 2), worker 1 from its step 12 (round 1)
+    errs = [done(p) for p in dist_pair(dead, data, 24, '--resume')]
+    r0, r1 = (rounds(dead / f'worker-{w}' / 'train.jsonl') for w in (0, 1))
+    assert [(x['step'], x['diloco_round'], x['diloco_averaged']) for x in r0[-1:]] == [(24, 3, 1)]
+    back = r1[-1]   # its step 16: caught up to round 2, then round 3 with nothing of its own to add
+    assert [back[k] for k in ('step', 'diloco_caught_up_from', 'diloco_was_round', 'diloco_round')] == [16, 0, 1, 3]
+    assert back['diloco_averaged'] == 1 and not any('continues alone' in e for e in errs)
+    g0, g1 = (load_checkpoint(latest_checkpoint(dead / f'worker-{w}'))['diloco'] for w in (0, 1))
+    assert g0['round'] == g1['round'] == 3 and all(torch.equal(g0['glob'][k], g1['glob'][k]) for k in g0['glob'])
 
 def test_offload_workers(tmp_path, data):
     """Two `--offload` workers (the host optimizer runs on a CPU device too) through files: identical global states, and

@@ -59,6 +59,8 @@ _DS = 'data sheet, dense'
 GPUS = {g.name: g for g in [
     GPU('H100',    989,   1979, 80,  3.35, 8,  8, f'NVIDIA H100 SXM5 {_DS}'),
     GPU('H200',    989,   1979, 141, 4.8,  8,  8, f'NVIDIA H200 SXM {_DS}'),
+    GPU('GH200',   989,   1979, 144, 4.9,  1,  1, f'NVIDIA GH200 Grace Hopper {_DS}; HBM3e; one GPU a superchip'),
+    GPU('GH200-96', 989,  1979, 96,  4.0,  1,  1, f'NVIDIA GH200 Grace Hopper {_DS}; the first, HBM3 version'),
     GPU('B200',    2250,  4500, 180, 8.0,  8,  8, f'NVIDIA HGX B200 {_DS}; 180 GB usable'),
     GPU('GB200',   2500,  5000, 186, 8.0,  72, 4, f'NVIDIA GB200 NVL72 {_DS}, per GPU; 4 GPUs per compute tray'),
     GPU('A100',    312,   None, 80,  2.04, 8,  8, f'NVIDIA A100 80GB SXM {_DS}; no FP8'),

@@ -6,11 +6,12 @@
 __all__ = ['GATHER_TOKENS', 'RECORDS_FILE', 'HBM_BYTES_PER_S', 'METHODS', 'CPU_RUNS', 'StaticCache', 'query_doc_starts',
            'CachedAttention', 'int8_rows', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'chosen_experts', 'moe_infer',
            'copied_experts', 'bench_eager_experts', 'cached_hidden', 'next_doc', 'Sampling', 'filter_logits',
-           'sample_next', 'Stopper', 'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin',
-           'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
+           'sample_next', 'Stopper', 'decode_step', 'compiled_step', 'Generator', 'doc_start', 'Session',
+           'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode', 'bench_generate', 'decode_table',
+           'plot_decode', 'copy_bandwidth', 'profile_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
-import copy, logging, math, time
+import copy, functools, logging, math, time
 from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
 from .model import Transformer, Experts, route, dispatch, swiglu, rope_cos_sin, generate
@@ -242,10 +243,17 @@ class Stopper:
         return done
 
 # %% ../nbs/11_generate.ipynb #9eed401c
-def _compile_options(compile, device):
-    "torch.compile keywords: `compile` is True (inductor; CUDA graphs on CUDA) or the name of a dynamo backend."
-    if compile is True: return dict(mode='reduce-overhead' if device.type == 'cuda' else None)
-    return dict(backend=compile)
+@torch.no_grad()
+def decode_step(model, cache, tokens, pos, doc):
+    "fp32 logits [B, V] of one new token per row, `tokens` [B] at positions `pos` [B], extending `cache`."
+    return model.lm_head(cached_hidden(model, cache, tokens[:, None], pos, doc)[:, 0]).float()
+
+@functools.cache
+def compiled_step(compile, device_type):
+    "`decode_step` compiled (`compile`: True for inductor, with CUDA graphs on CUDA, or a dynamo backend), one per process."
+    # model and cache are inputs: Generators of equal shapes share one graph; dynamic=False: one graph per shape
+    opts = dict(mode='reduce-overhead' if device_type == 'cuda' else None) if compile is True else dict(backend=compile)
+    return torch.compile(decode_step, fullgraph=True, dynamic=False, **opts)
 
 class Generator:
     "Decoding for an apex3 `Transformer`: a static KV cache, one-pass prefill, and a decode step compiled once."
@@ -254,15 +262,11 @@ class Generator:
         self.model, self.eos_id, self.device = model, model.cfg.eos_id, w.device
         self.cache = StaticCache(model.cfg, max_batch, max_len, w.device, w.dtype)
         self.owner = None   # the session whose conversation the cache's row 0 holds
-        step = self._step
-        # dynamic=False: one graph per batch size; positions are tensors, so advancing them never recompiles
-        opts = _compile_options(compile, w.device)
-        self.step = torch.compile(step, fullgraph=True, dynamic=False, **opts) if compile else step
+        self._step = compiled_step(compile, w.device.type) if compile else decode_step
 
-    @torch.no_grad()
-    def _step(self, tokens, pos, doc):
-        "fp32 logits [B, V] of one new token per row, `tokens` [B] at positions `pos` [B]."
-        return self.model.lm_head(cached_hidden(self.model, self.cache, tokens[:, None], pos, doc)[:, 0]).float()
+    def step(self, tokens, pos, doc):
+        "fp32 logits [B, V] of one new token per row (`decode_step` on this Generator's model and cache)."
+        return self._step(self.model, self.cache, tokens, pos, doc)
 
     @torch.no_grad()
     def prefill(self, rows, start=None, doc=None):
@@ -391,7 +395,6 @@ def recompute_decode(model, prompt, max_new):
 def _decoders(model, cfg, prompt, max_new, device, dtype):
     "Method name -> a function that decodes `max_new` tokens after `prompt` (built lazily: the peer's model is big)."
     def ours(m):
-        torch._dynamo.reset()   # one compiled step per decoder: dynamo's cache for `_step` holds 8 at most
         g = Generator(m, max_len=prompt.shape[1] + max_new, max_batch=prompt.shape[0])
         rows = prompt.tolist()
         fn = lambda: g.generate(rows, max_new=max_new)

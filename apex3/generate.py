@@ -250,7 +250,7 @@ def decode_step(model, cache, tokens, pos, doc):
 
 @functools.cache
 def compiled_step(compile, device_type):
-    "`decode_step` compiled (`compile`: True for inductor, with CUDA graphs on CUDA, or a dynamo backend), one per process."
+    "`decode_step` compiled once per process: `compile` is True (inductor; CUDA graphs on CUDA) or a dynamo backend."
     # model and cache are inputs: Generators of equal shapes share one graph; dynamic=False: one graph per shape
     opts = dict(mode='reduce-overhead' if device_type == 'cuda' else None) if compile is True else dict(backend=compile)
     return torch.compile(decode_step, fullgraph=True, dynamic=False, **opts)

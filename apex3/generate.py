@@ -4,17 +4,17 @@
 
 # %% auto #0
 __all__ = ['GATHER_TOKENS', 'RECORDS_FILE', 'HBM_BYTES_PER_S', 'METHODS', 'CPU_RUNS', 'StaticCache', 'query_doc_starts',
-           'CachedAttention', 'int8_rows', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'chosen_experts', 'moe_infer',
-           'copied_experts', 'bench_eager_experts', 'cached_hidden', 'next_doc', 'Sampling', 'filter_logits',
-           'sample_next', 'Stopper', 'decode_step', 'compiled_step', 'Generator', 'doc_start', 'Session',
-           'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode', 'bench_generate', 'decode_table',
-           'plot_decode', 'copy_bandwidth', 'profile_decode']
+           'CachedAttention', 'int8_rows', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'chosen_experts',
+           'grouped_experts', 'moe_infer', 'copied_experts', 'bench_eager_experts', 'bench_moe_decode', 'cached_hidden',
+           'next_doc', 'Sampling', 'filter_logits', 'sample_next', 'Stopper', 'decode_step', 'compiled_step',
+           'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode',
+           'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
 import copy, functools, logging, math, time
 from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
-from .model import Transformer, Experts, route, dispatch, swiglu, rope_cos_sin, generate
+from .model import Transformer, Experts, route, expert_counts, swiglu, rope_cos_sin, generate
 from .config import get_config, param_components
 from .records import append_records, load_records, time_fn
 from .usage import UsageError
@@ -110,8 +110,9 @@ def quantize_int8(model):
 
 
 # %% ../nbs/11_generate.ipynb #3a2b1b03
-# up to this many tokens, MoE runs each token's chosen experts directly (decode); beyond, `dispatch`
-GATHER_TOKENS = 16
+# up to this many tokens, MoE multiplies each token's chosen experts on their own; beyond, `grouped_experts`
+# (the crossover on one layer of `small` on CPU, `bench_moe_decode`)
+GATHER_TOKENS = 4
 
 def chosen_experts(experts, x, idx, gates):
     "Routed output for a few tokens `x` [N, d]: each token's `k` chosen experts' weights read, and only theirs."
@@ -134,6 +135,22 @@ def chosen_experts(experts, x, idx, gates):
         out.index_add_(0, n, _linear(s, *_scaled(experts.w_down, s2, e)).to(x.dtype))
     return out
 
+@torch.library.custom_op('apex3::grouped_experts', mutates_args=())
+def grouped_experts(x: torch.Tensor, idx: torch.Tensor, gates: torch.Tensor, w_gate_up: torch.Tensor,
+                    w_down: torch.Tensor) -> torch.Tensor:
+    "Routed output for tokens `x` [N, d]: (token, expert) pairs sorted by expert, each chosen expert read once."
+    k = idx.shape[1]
+    order = idx.flatten().argsort()
+    rows = order // k
+    offs = expert_counts(idx, w_gate_up.shape[0]).cumsum(0).to(torch.int32)
+    h = torch._grouped_mm(x[rows], w_gate_up.transpose(-2, -1), offs=offs)   # experts no pair chose: not read
+    s = swiglu(h) * gates.flatten()[order, None].to(h.dtype)
+    y = torch._grouped_mm(s, w_down.transpose(-2, -1), offs=offs)
+    return torch.zeros_like(x).index_add_(0, rows, y.to(x.dtype))
+
+@grouped_experts.register_fake
+def _(x, idx, gates, w_gate_up, w_down): return torch.empty_like(x)   # an op to the compiler: any dtype, one shape
+
 def moe_infer(moe, x):
     "An `MoE` layer's output [B, T, d] at inference, with no training state touched (no load counts, no aux loss)."
     B, T, d = x.shape
@@ -141,7 +158,8 @@ def moe_infer(moe, x):
     _, idx, gates = route(flat, moe.router.weight, moe.router_bias, moe.top_k, moe.route_scale)
     # int8 experts always run one chosen expert at a time, each restored to float alone: no all-expert copy
     few = B * T <= GATHER_TOKENS or isinstance(moe.experts, Int8Experts)
-    out = chosen_experts(moe.experts, flat, idx, gates) if few else dispatch(moe.experts, flat, idx, gates)
+    ex = moe.experts
+    out = chosen_experts(ex, flat, idx, gates) if few else grouped_experts(flat, idx, gates, ex.w_gate_up, ex.w_down)
     if moe.shared is not None: out = out + moe.shared(flat)
     return out.view(B, T, d)
 
@@ -171,6 +189,28 @@ def bench_eager_experts(config='small', batches=(1, 8), dtype=torch.float32, rep
     append_records(recs, RECORDS_FILE)
     return recs
 
+def bench_moe_decode(config='small', tokens=(1, 2, 4, 8, 16), dtypes=(torch.float32, torch.bfloat16), repeats=20):
+    """Seconds of one layer's routed experts as the decode step runs them: each token's chosen experts on their own
+    (`gather`, compiled) and the pairs grouped by expert, each chosen expert read once (`grouped`); records appended."""
+    cfg, recs = get_config(config), []
+    gather = torch.compile(chosen_experts, fullgraph=True, dynamic=False)
+    for dtype in dtypes:
+        torch.manual_seed(0)
+        moe = build_model(get_config(config, ['n_layers=1']), 'cpu', dtype).layers[0].moe
+        ex = moe.experts
+        for N in tokens:
+            x = torch.randn(N, cfg.d_model, dtype=dtype)
+            _, idx, gates = route(x, moe.router.weight, moe.router_bias, moe.top_k, moe.route_scale)
+            fns = dict(gather=lambda: gather(ex, x, idx, gates),
+                       grouped=lambda: grouped_experts(x, idx, gates, ex.w_gate_up, ex.w_down))
+            with torch.no_grad():
+                for impl, f in fns.items():
+                    t = time_fn(f, warmup=3, repeats=repeats, device='cpu')['seconds']
+                    recs.append(dict(kind='moe_decode', config=config, tokens=N, impl=impl, seconds=t,
+                                     distinct=idx.unique().numel(), dtype=str(dtype).split('.')[-1],
+                                     threads=torch.get_num_threads()))
+    append_records(recs, RECORDS_FILE)
+    return recs
 
 # %% ../nbs/11_generate.ipynb #d313b401
 def cached_hidden(model, cache, tokens, start, doc):

@@ -803,6 +803,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'apex3.generate.Stopper.__init__': ('generate.html#stopper.__init__', 'apex3/generate.py'),
                                 'apex3.generate.Stopper.add': ('generate.html#stopper.add', 'apex3/generate.py'),
                                 'apex3.generate._': ('generate.html#_', 'apex3/generate.py'),
+                                'apex3.generate._between_steps': ('generate.html#_between_steps', 'apex3/generate.py'),
                                 'apex3.generate._decoders': ('generate.html#_decoders', 'apex3/generate.py'),
                                 'apex3.generate._linear': ('generate.html#_linear', 'apex3/generate.py'),
                                 'apex3.generate._parts': ('generate.html#_parts', 'apex3/generate.py'),

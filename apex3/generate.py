@@ -23,9 +23,9 @@ _log = logging.getLogger('apex3.generate')
 
 # %% ../nbs/11_generate.ipynb #313fdc07
 class StaticCache:
-    "Keys and values of every layer, `[L, B, max_len, n_kv_heads, head_dim]` in the model's dtype, at fixed addresses."
+    "Keys and values of every layer, `[L, B, n_kv_heads, max_len, head_dim]` in the model's dtype, at fixed addresses."
     def __init__(self, cfg, batch, max_len, device=None, dtype=torch.float32):
-        shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+        shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
         self.k, self.v = (torch.zeros(shape, device=device, dtype=dtype) for _ in range(2))
         self.batch, self.max_len, self.eos_id = batch, max_len, cfg.eos_id
         for t in (self.k, self.v): torch._dynamo.mark_static_address(t)   # CUDA graphs may update them in place
@@ -47,17 +47,18 @@ class CachedAttention:
 
     def attend(self, layer, q, k, v):
         B, T, H, D = q.shape
-        kc, vc = self.cache.k[layer, :B], self.cache.v[layer, :B]
         rows = torch.arange(B, device=q.device)[:, None].expand(B, T)
-        kc.index_put_((rows, self.pos), k.to(kc.dtype))
-        vc.index_put_((rows, self.pos), v.to(vc.dtype))
-        Hkv = kc.shape[2]
-        s = torch.arange(kc.shape[1], device=q.device)
+        at = (torch.full_like(rows, layer), rows, slice(None), self.pos)
+        # written through the whole tensor, not a view of one layer: compiled, a view's write copies the layer
+        self.cache.k[at], self.cache.v[at] = k.to(self.cache.k.dtype), v.to(self.cache.v.dtype)
+        kc, vc = self.cache.k[layer, :B], self.cache.v[layer, :B]                      # [B, Hkv, S, D]
+        Hkv = kc.shape[1]
+        s = torch.arange(kc.shape[2], device=q.device)
         allowed = (s <= self.pos[..., None]) & (s >= self.qdoc[..., None])            # [B, T, S]: causal, same document
         qg = q.float().view(B, T, Hkv, H // Hkv, D)                                    # query heads grouped by KV head
-        scores = torch.einsum('bthgd,bshd->bhgts', qg, kc.float()) * D ** -0.5
+        scores = torch.einsum('bthgd,bhsd->bhgts', qg, kc.float()) * D ** -0.5
         p = scores.masked_fill(~allowed[:, None, None], float('-inf')).softmax(-1)
-        return torch.einsum('bhgts,bshd->bthgd', p, vc.float()).reshape(B, T, H, D).to(q.dtype)
+        return torch.einsum('bhgts,bhsd->bthgd', p, vc.float()).reshape(B, T, H, D).to(q.dtype)
 
 # %% ../nbs/11_generate.ipynb #7629b77b
 def _scaled(w, scale, e):
@@ -542,9 +543,19 @@ def copy_bandwidth(device='cpu', mib=1024) -> float:
     t = time_fn(lambda: y.copy_(x), warmup=1, repeats=5, device=device)['seconds']
     return 2 * x.numel() * 4 / t
 
+def _between_steps(g, logits, pos, doc):
+    "What `decode` does between two steps, on its own: pick the tokens, hand them to the host and the stopper."
+    stopper = Stopper(len(pos), [g.eos_id])
+    def between():
+        tok = sample_next(logits, Sampling())
+        all([stopper.add(b, t) for b, t in enumerate(tok.tolist())])
+        return pos + 1, next_doc(tok, pos, doc, g.eos_id)
+    return between
+
 def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, int8=False, context=64, steps=20,
-                   top=6) -> dict:
-    "One compiled decode step: its time, its bytes as a rate beside a plain copy's, its top ops (torch profiler)."
+                   top=8) -> dict:
+    """One compiled decode step: its time, its bytes as a rate beside a plain copy's, its top ops (torch profiler;
+    the compiled graph's kernels by name) and the seconds of what `decode` does between two steps."""
     from torch.profiler import profile
     cfg = get_config(config)
     torch.manual_seed(0)
@@ -552,7 +563,7 @@ def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, i
     g = Generator(quantize_int8(model) if int8 else model, max_len=context + steps + 8, max_batch=batch)
     logits, pos, doc = g.prefill([list(range(1, context + 1))] * batch)
     tok = logits.argmax(-1)
-    g.step(tok, pos, doc)                                          # compile
+    with torch._inductor.config.patch({'cpp.enable_kernel_profile': True}): g.step(tok, pos, doc)   # compile
     step_s = time_fn(lambda: g.step(tok, pos, doc), warmup=3, repeats=steps, device=device)['seconds']
     with profile() as p:
         for _ in range(steps): g.step(tok, pos, doc)
@@ -563,7 +574,9 @@ def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, i
                threads=torch.get_num_threads(),
                step_s=step_s, bytes_per_step=decode_bytes(cfg, batch, context, dtype, torch.int8 if int8 else dtype),
                copy_bytes_per_s=copy_bandwidth(device),
-               top_ops=[(e.key, e.self_cpu_time_total / total) for e in ev[:top]])
+               between_steps_s=time_fn(_between_steps(g, logits, pos, doc), warmup=3, repeats=50,
+                                       device=device)['seconds'],
+               top_ops=[(e.key, e.self_cpu_time_total / total, e.count // steps) for e in ev[:top]])
     rec['read_bytes_per_s'] = rec['bytes_per_step'] / step_s
     append_records([rec], RECORDS_FILE)
     return rec

@@ -825,6 +825,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'apex3.generate.doc_start': ('generate.html#doc_start', 'apex3/generate.py'),
                                 'apex3.generate.filter_logits': ('generate.html#filter_logits', 'apex3/generate.py'),
                                 'apex3.generate.grouped_experts': ('generate.html#grouped_experts', 'apex3/generate.py'),
+                                'apex3.generate.head_logits': ('generate.html#head_logits', 'apex3/generate.py'),
                                 'apex3.generate.hf_twin': ('generate.html#hf_twin', 'apex3/generate.py'),
                                 'apex3.generate.int8_rows': ('generate.html#int8_rows', 'apex3/generate.py'),
                                 'apex3.generate.moe_infer': ('generate.html#moe_infer', 'apex3/generate.py'),

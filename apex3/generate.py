@@ -6,9 +6,9 @@
 __all__ = ['GATHER_TOKENS', 'RECORDS_FILE', 'HBM_BYTES_PER_S', 'METHODS', 'CPU_RUNS', 'StaticCache', 'query_doc_starts',
            'CachedAttention', 'int8_rows', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'chosen_experts',
            'grouped_experts', 'moe_infer', 'copied_experts', 'bench_eager_experts', 'bench_moe_decode', 'cached_hidden',
-           'next_doc', 'Sampling', 'filter_logits', 'sample_next', 'Stopper', 'decode_step', 'compiled_step',
-           'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode',
-           'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
+           'next_doc', 'Sampling', 'filter_logits', 'sample_next', 'Stopper', 'head_logits', 'decode_step',
+           'compiled_step', 'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin',
+           'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
 import copy, functools, logging, math, time
@@ -284,10 +284,15 @@ class Stopper:
         return done
 
 # %% ../nbs/11_generate.ipynb #9eed401c
+def head_logits(head, h):
+    "fp32 logits [B, V] of hidden states `h` [B, d]; a float head as `W @ h.T`, which MKL runs faster for a few rows."
+    if isinstance(head, nn.Linear): return (head.weight @ h.T.to(head.weight.dtype)).T.float()
+    return head(h).float()
+
 @torch.no_grad()
 def decode_step(model, cache, tokens, pos, doc):
     "fp32 logits [B, V] of one new token per row, `tokens` [B] at positions `pos` [B], extending `cache`."
-    return model.lm_head(cached_hidden(model, cache, tokens[:, None], pos, doc)[:, 0]).float()
+    return head_logits(model.lm_head, cached_hidden(model, cache, tokens[:, None], pos, doc)[:, 0])
 
 @functools.cache
 def compiled_step(compile, device_type):
@@ -320,7 +325,7 @@ class Generator:
         tokens = torch.tensor([r + [pad] * (int(lens.max()) - len(r)) for r in rows], device=self.device)
         h = cached_hidden(self.model, self.cache, tokens, start, doc)
         last, rows, pos = lens - 1, torch.arange(B, device=self.device), start + lens
-        logits = self.model.lm_head(h[rows, last]).float()
+        logits = head_logits(self.model.lm_head, h[rows, last])
         at = start[:, None] + torch.arange(tokens.shape[1], device=self.device)
         qdoc = query_doc_starts(tokens, at, doc, self.eos_id)
         return logits, pos, next_doc(tokens[rows, last], pos - 1, qdoc[rows, last], self.eos_id)

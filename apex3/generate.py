@@ -4,16 +4,17 @@
 
 # %% auto #0
 __all__ = ['GATHER_TOKENS', 'RECORDS_FILE', 'HBM_BYTES_PER_S', 'METHODS', 'CPU_RUNS', 'StaticCache', 'query_doc_starts',
-           'CachedAttention', 'int8_rows', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'chosen_experts', 'moe_infer',
-           'copied_experts', 'bench_eager_experts', 'cached_hidden', 'next_doc', 'Sampling', 'filter_logits',
-           'sample_next', 'Stopper', 'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin',
+           'CachedAttention', 'int8_rows', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'chosen_experts',
+           'grouped_experts', 'moe_infer', 'copied_experts', 'bench_eager_experts', 'bench_moe_decode', 'cached_hidden',
+           'next_doc', 'Sampling', 'filter_logits', 'sample_next', 'Stopper', 'head_logits', 'decode_step',
+           'compiled_step', 'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin',
            'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
-import copy, logging, math, time
+import copy, functools, logging, math, time
 from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
-from .model import Transformer, Experts, route, dispatch, swiglu, rope_cos_sin, generate
+from .model import Transformer, Experts, route, expert_counts, swiglu, rope_cos_sin, generate
 from .config import get_config, param_components
 from .records import append_records, load_records, time_fn
 from .usage import UsageError
@@ -22,9 +23,9 @@ _log = logging.getLogger('apex3.generate')
 
 # %% ../nbs/11_generate.ipynb #313fdc07
 class StaticCache:
-    "Keys and values of every layer, `[L, B, max_len, n_kv_heads, head_dim]` in the model's dtype, at fixed addresses."
+    "Keys and values of every layer, `[L, B, n_kv_heads, max_len, head_dim]` in the model's dtype, at fixed addresses."
     def __init__(self, cfg, batch, max_len, device=None, dtype=torch.float32):
-        shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+        shape = (cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim)
         self.k, self.v = (torch.zeros(shape, device=device, dtype=dtype) for _ in range(2))
         self.batch, self.max_len, self.eos_id = batch, max_len, cfg.eos_id
         for t in (self.k, self.v): torch._dynamo.mark_static_address(t)   # CUDA graphs may update them in place
@@ -46,17 +47,18 @@ class CachedAttention:
 
     def attend(self, layer, q, k, v):
         B, T, H, D = q.shape
-        kc, vc = self.cache.k[layer, :B], self.cache.v[layer, :B]
         rows = torch.arange(B, device=q.device)[:, None].expand(B, T)
-        kc.index_put_((rows, self.pos), k.to(kc.dtype))
-        vc.index_put_((rows, self.pos), v.to(vc.dtype))
-        Hkv = kc.shape[2]
-        s = torch.arange(kc.shape[1], device=q.device)
+        at = (torch.full_like(rows, layer), rows, slice(None), self.pos)
+        # written through the whole tensor, not a view of one layer: compiled, a view's write copies the layer
+        self.cache.k[at], self.cache.v[at] = k.to(self.cache.k.dtype), v.to(self.cache.v.dtype)
+        kc, vc = self.cache.k[layer, :B], self.cache.v[layer, :B]                      # [B, Hkv, S, D]
+        Hkv = kc.shape[1]
+        s = torch.arange(kc.shape[2], device=q.device)
         allowed = (s <= self.pos[..., None]) & (s >= self.qdoc[..., None])            # [B, T, S]: causal, same document
         qg = q.float().view(B, T, Hkv, H // Hkv, D)                                    # query heads grouped by KV head
-        scores = torch.einsum('bthgd,bshd->bhgts', qg, kc.float()) * D ** -0.5
+        scores = torch.einsum('bthgd,bhsd->bhgts', qg, kc.float()) * D ** -0.5
         p = scores.masked_fill(~allowed[:, None, None], float('-inf')).softmax(-1)
-        return torch.einsum('bhgts,bshd->bthgd', p, vc.float()).reshape(B, T, H, D).to(q.dtype)
+        return torch.einsum('bhgts,bhsd->bthgd', p, vc.float()).reshape(B, T, H, D).to(q.dtype)
 
 # %% ../nbs/11_generate.ipynb #7629b77b
 def _scaled(w, scale, e):
@@ -109,8 +111,9 @@ def quantize_int8(model):
 
 
 # %% ../nbs/11_generate.ipynb #3a2b1b03
-# up to this many tokens, MoE runs each token's chosen experts directly (decode); beyond, `dispatch`
-GATHER_TOKENS = 16
+# up to this many tokens, MoE multiplies each token's chosen experts on their own; beyond, `grouped_experts`
+# (the crossover on one layer of `small` on CPU, `bench_moe_decode`)
+GATHER_TOKENS = 4
 
 def chosen_experts(experts, x, idx, gates):
     "Routed output for a few tokens `x` [N, d]: each token's `k` chosen experts' weights read, and only theirs."
@@ -133,6 +136,22 @@ def chosen_experts(experts, x, idx, gates):
         out.index_add_(0, n, _linear(s, *_scaled(experts.w_down, s2, e)).to(x.dtype))
     return out
 
+@torch.library.custom_op('apex3::grouped_experts', mutates_args=())
+def grouped_experts(x: torch.Tensor, idx: torch.Tensor, gates: torch.Tensor, w_gate_up: torch.Tensor,
+                    w_down: torch.Tensor) -> torch.Tensor:
+    "Routed output for tokens `x` [N, d]: (token, expert) pairs sorted by expert, each chosen expert read once."
+    k = idx.shape[1]
+    order = idx.flatten().argsort()
+    rows = order // k
+    offs = expert_counts(idx, w_gate_up.shape[0]).cumsum(0).to(torch.int32)
+    h = torch._grouped_mm(x[rows], w_gate_up.transpose(-2, -1), offs=offs)   # experts no pair chose: not read
+    s = swiglu(h) * gates.flatten()[order, None].to(h.dtype)
+    y = torch._grouped_mm(s, w_down.transpose(-2, -1), offs=offs)
+    return torch.zeros_like(x).index_add_(0, rows, y.to(x.dtype))
+
+@grouped_experts.register_fake
+def _(x, idx, gates, w_gate_up, w_down): return torch.empty_like(x)   # an op to the compiler: any dtype, one shape
+
 def moe_infer(moe, x):
     "An `MoE` layer's output [B, T, d] at inference, with no training state touched (no load counts, no aux loss)."
     B, T, d = x.shape
@@ -140,7 +159,8 @@ def moe_infer(moe, x):
     _, idx, gates = route(flat, moe.router.weight, moe.router_bias, moe.top_k, moe.route_scale)
     # int8 experts always run one chosen expert at a time, each restored to float alone: no all-expert copy
     few = B * T <= GATHER_TOKENS or isinstance(moe.experts, Int8Experts)
-    out = chosen_experts(moe.experts, flat, idx, gates) if few else dispatch(moe.experts, flat, idx, gates)
+    ex = moe.experts
+    out = chosen_experts(ex, flat, idx, gates) if few else grouped_experts(flat, idx, gates, ex.w_gate_up, ex.w_down)
     if moe.shared is not None: out = out + moe.shared(flat)
     return out.view(B, T, d)
 
@@ -170,6 +190,28 @@ def bench_eager_experts(config='small', batches=(1, 8), dtype=torch.float32, rep
     append_records(recs, RECORDS_FILE)
     return recs
 
+def bench_moe_decode(config='small', tokens=(1, 2, 4, 8, 16), dtypes=(torch.float32, torch.bfloat16), repeats=20):
+    """Seconds of one layer's routed experts as the decode step runs them: each token's chosen experts on their own
+    (`gather`, compiled) and the pairs grouped by expert, each chosen expert read once (`grouped`); records appended."""
+    cfg, recs = get_config(config), []
+    gather = torch.compile(chosen_experts, fullgraph=True, dynamic=False)
+    for dtype in dtypes:
+        torch.manual_seed(0)
+        moe = build_model(get_config(config, ['n_layers=1']), 'cpu', dtype).layers[0].moe
+        ex = moe.experts
+        for N in tokens:
+            x = torch.randn(N, cfg.d_model, dtype=dtype)
+            _, idx, gates = route(x, moe.router.weight, moe.router_bias, moe.top_k, moe.route_scale)
+            fns = dict(gather=lambda: gather(ex, x, idx, gates),
+                       grouped=lambda: grouped_experts(x, idx, gates, ex.w_gate_up, ex.w_down))
+            with torch.no_grad():
+                for impl, f in fns.items():
+                    t = time_fn(f, warmup=3, repeats=repeats, device='cpu')['seconds']
+                    recs.append(dict(kind='moe_decode', config=config, tokens=N, impl=impl, seconds=t,
+                                     distinct=idx.unique().numel(), dtype=str(dtype).split('.')[-1],
+                                     threads=torch.get_num_threads()))
+    append_records(recs, RECORDS_FILE)
+    return recs
 
 # %% ../nbs/11_generate.ipynb #d313b401
 def cached_hidden(model, cache, tokens, start, doc):
@@ -242,10 +284,22 @@ class Stopper:
         return done
 
 # %% ../nbs/11_generate.ipynb #9eed401c
-def _compile_options(compile, device):
-    "torch.compile keywords: `compile` is True (inductor; CUDA graphs on CUDA) or the name of a dynamo backend."
-    if compile is True: return dict(mode='reduce-overhead' if device.type == 'cuda' else None)
-    return dict(backend=compile)
+def head_logits(head, h):
+    "fp32 logits [B, V] of hidden states `h` [B, d]; a float head as `W @ h.T`, which MKL runs faster for a few rows."
+    if isinstance(head, nn.Linear): return (head.weight @ h.T.to(head.weight.dtype)).T.float()
+    return head(h).float()
+
+@torch.no_grad()
+def decode_step(model, cache, tokens, pos, doc):
+    "fp32 logits [B, V] of one new token per row, `tokens` [B] at positions `pos` [B], extending `cache`."
+    return head_logits(model.lm_head, cached_hidden(model, cache, tokens[:, None], pos, doc)[:, 0])
+
+@functools.cache
+def compiled_step(compile, device_type):
+    "`decode_step` compiled once per process: `compile` is True (inductor; CUDA graphs on CUDA) or a dynamo backend."
+    # model and cache are inputs: Generators of equal shapes share one graph; dynamic=False: one graph per shape
+    opts = dict(mode='reduce-overhead' if device_type == 'cuda' else None) if compile is True else dict(backend=compile)
+    return torch.compile(decode_step, fullgraph=True, dynamic=False, **opts)
 
 class Generator:
     "Decoding for an apex3 `Transformer`: a static KV cache, one-pass prefill, and a decode step compiled once."
@@ -254,15 +308,11 @@ class Generator:
         self.model, self.eos_id, self.device = model, model.cfg.eos_id, w.device
         self.cache = StaticCache(model.cfg, max_batch, max_len, w.device, w.dtype)
         self.owner = None   # the session whose conversation the cache's row 0 holds
-        step = self._step
-        # dynamic=False: one graph per batch size; positions are tensors, so advancing them never recompiles
-        opts = _compile_options(compile, w.device)
-        self.step = torch.compile(step, fullgraph=True, dynamic=False, **opts) if compile else step
+        self._step = compiled_step(compile, w.device.type) if compile else decode_step
 
-    @torch.no_grad()
-    def _step(self, tokens, pos, doc):
-        "fp32 logits [B, V] of one new token per row, `tokens` [B] at positions `pos` [B]."
-        return self.model.lm_head(cached_hidden(self.model, self.cache, tokens[:, None], pos, doc)[:, 0]).float()
+    def step(self, tokens, pos, doc):
+        "fp32 logits [B, V] of one new token per row (`decode_step` on this Generator's model and cache)."
+        return self._step(self.model, self.cache, tokens, pos, doc)
 
     @torch.no_grad()
     def prefill(self, rows, start=None, doc=None):
@@ -275,7 +325,7 @@ class Generator:
         tokens = torch.tensor([r + [pad] * (int(lens.max()) - len(r)) for r in rows], device=self.device)
         h = cached_hidden(self.model, self.cache, tokens, start, doc)
         last, rows, pos = lens - 1, torch.arange(B, device=self.device), start + lens
-        logits = self.model.lm_head(h[rows, last]).float()
+        logits = head_logits(self.model.lm_head, h[rows, last])
         at = start[:, None] + torch.arange(tokens.shape[1], device=self.device)
         qdoc = query_doc_starts(tokens, at, doc, self.eos_id)
         return logits, pos, next_doc(tokens[rows, last], pos - 1, qdoc[rows, last], self.eos_id)
@@ -391,7 +441,6 @@ def recompute_decode(model, prompt, max_new):
 def _decoders(model, cfg, prompt, max_new, device, dtype):
     "Method name -> a function that decodes `max_new` tokens after `prompt` (built lazily: the peer's model is big)."
     def ours(m):
-        torch._dynamo.reset()   # one compiled step per decoder: dynamo's cache for `_step` holds 8 at most
         g = Generator(m, max_len=prompt.shape[1] + max_new, max_batch=prompt.shape[0])
         rows = prompt.tolist()
         fn = lambda: g.generate(rows, max_new=max_new)
@@ -499,9 +548,19 @@ def copy_bandwidth(device='cpu', mib=1024) -> float:
     t = time_fn(lambda: y.copy_(x), warmup=1, repeats=5, device=device)['seconds']
     return 2 * x.numel() * 4 / t
 
+def _between_steps(g, logits, pos, doc):
+    "What `decode` does between two steps, on its own: pick the tokens, hand them to the host and the stopper."
+    stopper = Stopper(len(pos), [g.eos_id])
+    def between():
+        tok = sample_next(logits, Sampling())
+        all([stopper.add(b, t) for b, t in enumerate(tok.tolist())])
+        return pos + 1, next_doc(tok, pos, doc, g.eos_id)
+    return between
+
 def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, int8=False, context=64, steps=20,
-                   top=6) -> dict:
-    "One compiled decode step: its time, its bytes as a rate beside a plain copy's, its top ops (torch profiler)."
+                   top=8) -> dict:
+    """One compiled decode step: its time, its bytes as a rate beside a plain copy's, its top ops (torch profiler;
+    the compiled graph's kernels by name) and the seconds of what `decode` does between two steps."""
     from torch.profiler import profile
     cfg = get_config(config)
     torch.manual_seed(0)
@@ -509,7 +568,7 @@ def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, i
     g = Generator(quantize_int8(model) if int8 else model, max_len=context + steps + 8, max_batch=batch)
     logits, pos, doc = g.prefill([list(range(1, context + 1))] * batch)
     tok = logits.argmax(-1)
-    g.step(tok, pos, doc)                                          # compile
+    with torch._inductor.config.patch({'cpp.enable_kernel_profile': True}): g.step(tok, pos, doc)   # compile
     step_s = time_fn(lambda: g.step(tok, pos, doc), warmup=3, repeats=steps, device=device)['seconds']
     with profile() as p:
         for _ in range(steps): g.step(tok, pos, doc)
@@ -520,7 +579,9 @@ def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, i
                threads=torch.get_num_threads(),
                step_s=step_s, bytes_per_step=decode_bytes(cfg, batch, context, dtype, torch.int8 if int8 else dtype),
                copy_bytes_per_s=copy_bandwidth(device),
-               top_ops=[(e.key, e.self_cpu_time_total / total) for e in ev[:top]])
+               between_steps_s=time_fn(_between_steps(g, logits, pos, doc), warmup=3, repeats=50,
+                                       device=device)['seconds'],
+               top_ops=[(e.key, e.self_cpu_time_total / total, e.count // steps) for e in ev[:top]])
     rec['read_bytes_per_s'] = rec['bytes_per_step'] / step_s
     append_records([rec], RECORDS_FILE)
     return rec

@@ -7,7 +7,7 @@ __all__ = ['load_for_generation', 'stream_text', 'generate_parser', 'generate_ma
 
 # %% ../nbs/73_generate_cli.ipynb #a7e58443
 import torch
-from .generate import Generator, Sampling
+from .generate import Generator, Sampling, quantize_int8
 from .usage import ArgParser, UsageError, run_command
 
 # %% ../nbs/73_generate_cli.ipynb #509cdb6e
@@ -53,14 +53,18 @@ def generate_parser():
     p.add_argument('--tokenizer', default=None, help="tokenizer file, where the checkpoint's data meta names none")
     p.add_argument('--device', default='cpu')
     p.add_argument('--compile', action='store_true', help='compile the decode step (pays off for long generations)')
+    p.add_argument('--int8', action='store_true', help="int8 weights, a scale per row: a quarter of fp32's bytes (CPU)")
     return p
 
 def _generate(argv):
     import sys
     a = generate_parser().parse_args(argv)
     if a.max_new < 1: raise UsageError(f'--max-new must be >= 1, not {a.max_new}')
+    if a.int8 and torch.device(a.device).type != 'cpu':
+        raise UsageError(f'--int8 is the CPU decode path; on {a.device} decode the checkpoint weights (drop --int8)')
     sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
     model, tok = load_for_generation(a.ckpt, a.tokenizer, a.device)
+    if a.int8: model = quantize_int8(model)
     ids = tok.encode(a.prompt)
     if not ids: raise UsageError('--prompt is empty: nothing to continue')
     if max(ids) >= model.cfg.vocab_size:

@@ -813,6 +813,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'apex3.generate._between_steps': ('generate.html#_between_steps', 'apex3/generate.py'),
                                 'apex3.generate._decoders': ('generate.html#_decoders', 'apex3/generate.py'),
                                 'apex3.generate._linear': ('generate.html#_linear', 'apex3/generate.py'),
+                                'apex3.generate._moe_decode_times': ('generate.html#_moe_decode_times', 'apex3/generate.py'),
                                 'apex3.generate._parts': ('generate.html#_parts', 'apex3/generate.py'),
                                 'apex3.generate._record': ('generate.html#_record', 'apex3/generate.py'),
                                 'apex3.generate._scaled': ('generate.html#_scaled', 'apex3/generate.py'),

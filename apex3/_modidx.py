@@ -1207,6 +1207,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                             'apex3.plan.validation_table': ('plan.html#validation_table', 'apex3/plan.py')},
             'apex3.records': { 'apex3.records.append_records': ('records.html#append_records', 'apex3/records.py'),
                                'apex3.records.attempt': ('records.html#attempt', 'apex3/records.py'),
+                               'apex3.records.code_changed': ('records.html#code_changed', 'apex3/records.py'),
                                'apex3.records.device_peak_tflops': ('records.html#device_peak_tflops', 'apex3/records.py'),
                                'apex3.records.git': ('records.html#git', 'apex3/records.py'),
                                'apex3.records.latest_run': ('records.html#latest_run', 'apex3/records.py'),

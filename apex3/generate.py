@@ -113,8 +113,8 @@ def quantize_int8(model):
 
 # %% ../nbs/11_generate.ipynb #3a2b1b03
 # up to this many tokens, MoE multiplies each token's chosen experts on their own; beyond, `grouped_experts`
-# (the crossover on one layer of `small` on CPU, `bench_moe_decode`)
-GATHER_TOKENS = 4
+# (where they meet on one layer of `small` on CPU with 2 threads in fp32, `bench_moe_decode`; bf16 gathers faster still)
+GATHER_TOKENS = 8
 
 def chosen_experts(experts, x, idx, gates):
     "Routed output for a few tokens `x` [N, d]: each token's `k` chosen experts' weights read, and only theirs."
@@ -579,7 +579,8 @@ def profile_decode(config='small', batch=1, device='cpu', dtype=torch.float32, i
     torch.manual_seed(0)
     model = build_model(cfg, device, dtype)
     g = Generator(quantize_int8(model) if int8 else model, max_len=context + steps + 8, max_batch=batch)
-    logits, pos, doc = g.prefill([list(range(1, context + 1))] * batch)
+    # random rows: identical rows would route alike and read a batch's experts once
+    logits, pos, doc = g.prefill(torch.randint(1, cfg.eos_id, (batch, context)).tolist())
     tok = logits.argmax(-1)
     with torch._inductor.config.patch({'cpp.enable_kernel_profile': True}): g.step(tok, pos, doc)   # compile
     step_s = time_fn(lambda: g.step(tok, pos, doc), warmup=3, repeats=steps, device=device)['seconds']

@@ -304,10 +304,11 @@ def train_step(run, loader, st, sched, d) -> dict:
 
 # %% ../nbs/70_train.ipynb #4f8d3fac
 class ValSet:
-    "Fixed validation rows of every `NAME=GLOB` source, this rank's slice."
-    def __init__(self, specs, seq_len, micro_bs, batches, rank=0, world=1):
+    "Fixed validation rows of every `NAME=GLOB` source, the same on every rank."
+    def __init__(self, specs, seq_len, micro_bs, batches):
         from apex3.data.loader import TokenSource
-        self.src = {n: TokenSource(g, rank, world) for n, g in (s.split('=', 1) for s in specs)}
+        # unsharded: a run of any world size (one worker, data parallel, a DiLoCo worker) is scored on the same tokens
+        self.src = {n: TokenSource(g, 0, 1) for n, g in (s.split('=', 1) for s in specs)}
         self.seq_len, self.micro_bs, self.batches = seq_len, micro_bs, batches
 
     def rows(self, name):
@@ -562,7 +563,7 @@ def _train(a, d):
     from apex3.data.loader import MixtureLoader
     try:
         loader = MixtureLoader(a.data, cfg.seq_len, s.model.micro_bs, s.seed, *data_slice(a, d))
-        val = ValSet(a.val_data, cfg.seq_len, s.model.micro_bs, a.val_batches, d.rank, d.world) if a.val_data else None
+        val = ValSet(a.val_data, cfg.seq_len, s.model.micro_bs, a.val_batches) if a.val_data else None
     except (FileNotFoundError, ValueError) as e: raise UsageError(str(e)) from None
     run, sched = build_run(s, d, a.fsdp, a.fsdp_param_dtype), make_schedule(a)
     run.a = a   # the trainer's own flags (schedule, checkpoints, DiLoCo) beside the run's settings

@@ -636,6 +636,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                               'apex3/diloco_evidence.py'),
                                        'apex3.diloco_evidence.diloco_sweep': ( 'diloco_evidence.html#diloco_sweep',
                                                                                'apex3/diloco_evidence.py'),
+                                       'apex3.diloco_evidence.dp_of': ('diloco_evidence.html#dp_of', 'apex3/diloco_evidence.py'),
                                        'apex3.diloco_evidence.outer_of': ('diloco_evidence.html#outer_of', 'apex3/diloco_evidence.py'),
                                        'apex3.diloco_evidence.plot_outer': ('diloco_evidence.html#plot_outer', 'apex3/diloco_evidence.py'),
                                        'apex3.diloco_evidence.plot_round_times': ( 'diloco_evidence.html#plot_round_times',

@@ -7,7 +7,7 @@ moved and an outer optimizer with momentum moves the shared weights."""
 __all__ = ['COMPRESS', 'SCALE', 'local_weights', 'set_weights', 'shard_of', 'full_of', 'Outer', 'outer_step', 'pseudo_gradient',
            'average', 'outer_stats', 'encode', 'decode', 'expected_encoding', 'payload_bytes', 'DiLoCo', 'mean_of',
            'diloco_round', 'ListTransport', 'toy_model', 'toy_worker_steps', 'make_inner', 'simulate', 'data_parallel',
-           'DistTransport', 'init_worker_groups', 'toy_worker', 'shard_toy', 'spawn_dist_toy']
+           'DistTransport', 'init_worker_groups', 'toy_worker', 'shard_toy', 'free_port', 'spawn_dist_toy']
 
 # %% ../nbs/40_diloco.ipynb #15ba88d0
 import copy, logging, math, time
@@ -405,8 +405,7 @@ def toy_worker(transport, rank, rounds, every, compress='fp32', outer=Outer(), i
                die_at=None, sig='SIGKILL') -> DiLoCo:
     """Run worker `rank` of the toy problem for `rounds` rounds through `transport`; its `DiLoCo` state at the end.
     `part=(j, G)`: this process is rank j of the worker's FSDP2 group of G; `die_at`: send itself `sig` before that
-    round
-    (SIGKILL: a dead peer; SIGSTOP: a hung one)."""
+    round (SIGKILL: a dead peer; SIGSTOP: a hung one)."""
     import os, signal
     model = toy_model()
     if part[1] > 1: shard_toy(model)
@@ -442,17 +441,22 @@ def _dist_toy_main(out, workers, rounds, every, compress, timeout=60.0, die_at=0
     if inner == 0: save_file(glob, out)
 
 # %% ../nbs/40_diloco.ipynb #2d79587b
+def free_port() -> int:
+    "A TCP port on loopback that nothing listens on now (for a rendezvous started next)."
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
 def spawn_dist_toy(tmp, workers, rounds, every, compress='fp32', group=1, die_at=0, sig='SIGKILL', deadline=60.0,
                    timeout=120):
     """Start `workers` DiLoCo workers of `group` gloo processes each (FSDP2 inside a worker when `group` > 1) on
     loopback; `die_at`: the last worker sends itself `sig` before that round. Returns (each worker's final global
     weights, None for one that died; every process's stderr)."""
-    import os, socket, subprocess, sys
+    import os, subprocess, sys
     from pathlib import Path
     from safetensors.torch import load_file
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
+    port = free_port()
     outs = [Path(tmp) / f'dist-{w}-of-{workers}x{group}.safetensors' for w in range(workers)]
     for o in outs: o.unlink(missing_ok=True)
     code = ('import sys, apex3.diloco as d; a = sys.argv; '

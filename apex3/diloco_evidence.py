@@ -8,6 +8,7 @@ __all__ = ['read_gbs', 'diloco_sweep', 'warm_start', 'dp_of', 'sweep_table', 'pl
 
 # %% ../nbs/43_diloco_evidence.ipynb #7db6ff97
 from pathlib import Path
+from .diloco import free_port
 
 # %% ../nbs/43_diloco_evidence.ipynb #ed4e9507
 def _sweep_args(data_dir, micro_bs, seq_len, lr, val_every):
@@ -23,7 +24,7 @@ def _launch(argv, env, torchrun=None):
     import subprocess, sys
     pre = [sys.executable]
     if torchrun:
-        pre += ['-m', 'torch.distributed.run', '--nproc_per_node', str(torchrun), '--master_port', str(_free_port())]
+        pre += ['-m', 'torch.distributed.run', '--nproc_per_node', str(torchrun), '--master_port', str(free_port())]
     return subprocess.Popen([*pre, '-m', 'apex3.train', *map(str, argv)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
 
@@ -39,12 +40,6 @@ def read_gbs(folder, nbytes, repeat=5) -> float:
         best = min(best, time.perf_counter() - t)
     f.unlink()
     return nbytes / best / 1e9
-
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 def _run_record(name, logs, tokens, bytes_moved, **kw) -> dict:
     from apex3.train import read_log

@@ -39,6 +39,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'apex3.agent.demo.evaluate': ('demo.html#evaluate', 'apex3/agent/demo.py'),
                                   'apex3.agent.demo.finetune': ('demo.html#finetune', 'apex3/agent/demo.py'),
                                   'apex3.agent.demo.last_number': ('demo.html#last_number', 'apex3/agent/demo.py'),
+                                  'apex3.agent.demo.lr_at': ('demo.html#lr_at', 'apex3/agent/demo.py'),
                                   'apex3.agent.demo.new_model': ('demo.html#new_model', 'apex3/agent/demo.py'),
                                   'apex3.agent.demo.problems': ('demo.html#problems', 'apex3/agent/demo.py'),
                                   'apex3.agent.demo.score': ('demo.html#score', 'apex3/agent/demo.py')},

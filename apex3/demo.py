@@ -20,8 +20,8 @@ def demo_main(argv=()):
     p.add_argument('--out', default='apex3-demo', help='folder for the plots and the data (default: %(default)s)')
     p.add_argument('--max-files', type=int, help='only the first N library files of the embedded corpus')
     p.add_argument('--minutes', type=float, default=1.5, help='how long to train the tiny model (default: %(default)s)')
-    p.add_argument('--agent-minutes', type=float, default=1.5,
-                   help='how long to teach it the tool (default: %(default)s)')
+    p.add_argument('--agent-steps', type=int, default=1500,
+                   help='training steps that teach it the tool (default: %(default)s, about a minute on 2 cores)')
     a = p.parse_args(argv)
     from apex3.plan import plan
     from apex3.explore import save_plan_figures
@@ -38,8 +38,8 @@ def demo_main(argv=()):
     print(f'\ntraining the tiny model on {out / "data"} for about {a.minutes:g} minutes')
     print('\n'.join(summary_lines(demo_train(out / 'train', out / 'data', minutes=a.minutes))))
     from apex3.agent.demo import agent_demo, demo_lines
-    print(f"\n$ apex3 agent demo --out {out / 'agent'} --minutes {a.agent_minutes:g} --test 5")
-    print('\n'.join(demo_lines(agent_demo(out / 'agent', a.agent_minutes, n_test=5))))
+    print(f"\n$ apex3 agent demo --out {out / 'agent'} --steps {a.agent_steps} --test 5")
+    print('\n'.join(demo_lines(agent_demo(out / 'agent', a.agent_steps, n_test=5))))
     return 0
 
 # %% ../nbs/04_demo.ipynb #d0000006

@@ -11,7 +11,7 @@ def agent(*args):
 def test_bad_input_is_one_line(tmp_path):
     (tmp_path / 'bad.jsonl').write_text('not json\n')
     for args in (['nope'], ['replay'], ['replay', tmp_path / 'missing.jsonl'], ['replay', tmp_path / 'bad.jsonl'],
-                 ['demo', '--minutes', 'soon']):
+                 ['demo', '--steps', 'soon'], ['demo', '--steps', '0']):
         p = agent(*args)
         assert p.returncode == 2, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1 and 'Traceback' not in p.stderr, (args, p.stderr)

@@ -4,11 +4,11 @@
 
 # %% auto #0
 __all__ = ['PYTHON_SCHEMA', 'RECORDS_FILE', 'arith_problem', 'problems', 'answer_text', 'conversation', 'encode_example',
-           'batch_tensors', 'demo_tokenizer', 'new_model', 'finetune', 'last_number', 'score', 'evaluate', 'agent_demo',
-           'demo_lines', 'demo_main', 'demo_record']
+           'batch_tensors', 'demo_tokenizer', 'new_model', 'lr_at', 'finetune', 'last_number', 'score', 'evaluate',
+           'agent_demo', 'demo_lines', 'demo_main', 'demo_record']
 
 # %% ../../nbs/66_demo.ipynb #816b3860
-import json, math, random, re, time
+import json, math, random, re
 from pathlib import Path
 import torch
 from .chat import CHAT_TOKENS, render_chat, save_chat_config
@@ -85,15 +85,21 @@ def new_model(tok, seed=0):
     m.init_weights()
     return m
 
-def finetune(model, examples, pad_id, minutes=1.0, batch=8, lr=5e-3, seed=0, max_steps=None, log_every=50):
-    "Train on `examples` for about `minutes` or `max_steps` (AdamW, short warm-up, cosine to 10%); the losses."
+def lr_at(step, steps, lr):
+    "The learning rate of `step` of `steps`: a 20-step warm-up, then a cosine from `lr` down to a tenth of it."
+    warmup, cosine = min(1.0, (step + 1) / 20), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))
+    return lr * warmup * cosine
+
+def finetune(model, examples, pad_id, steps=1500, batch=8, lr=5e-3, seed=0, log_every=50):
+    "Train on `examples` for `steps` steps (AdamW, `lr_at`'s schedule); the losses. A bar shows the recent loss."
+    from tqdm.auto import tqdm
+    # the schedule counts steps, not seconds: the same seed trains the same model on a fast machine and a slow one
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    rng, losses, t0, step = random.Random(seed), [], time.time(), 0
+    rng, losses = random.Random(seed), []
     model.train()
-    while time.time() - t0 < 60 * minutes and (max_steps is None or step < max_steps):
-        frac = (time.time() - t0) / (60 * minutes)
-        warmup, cosine = min(1.0, (step + 1) / 20), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
-        for g in opt.param_groups: g['lr'] = lr * warmup * cosine
+    bar = tqdm(range(steps), desc='teaching the tool', unit='step', disable=not log_every, mininterval=2)
+    for step in bar:
+        for g in opt.param_groups: g['lr'] = lr_at(step, steps, lr)
         x, y = batch_tensors(rng.sample(examples, min(batch, len(examples))), pad_id)
         loss = model(x, y)
         opt.zero_grad()
@@ -101,9 +107,8 @@ def finetune(model, examples, pad_id, minutes=1.0, batch=8, lr=5e-3, seed=0, max
         opt.step()
         model.update_router_biases()
         losses.append(loss.item())
-        step += 1
-        if log_every and step % log_every == 0:
-            print(f'step {step}: loss {sum(losses[-log_every:]) / log_every:.3f}', flush=True)
+        if log_every and (step + 1) % log_every == 0:
+            bar.set_postfix(loss=f'{sum(losses[-log_every:]) / log_every:.3f}')
     model.eval()
     return losses
 
@@ -155,7 +160,7 @@ def _model(ckpt, tok):
     return m
 
 # %% ../../nbs/66_demo.ipynb #d1df0f53
-def agent_demo(out, minutes=2.0, ckpt=None, tokenizer=None, n_train=8000, n_test=20, backend='bwrap',
+def agent_demo(out, steps=1500, ckpt=None, tokenizer=None, n_train=8000, n_test=20, backend='bwrap',
                seed=0, lr=5e-3) -> dict:
     "Train (or fine-tune `ckpt`) on synthetic tool-use conversations, then evaluate with and without the tool."
     out = Path(out)
@@ -168,7 +173,7 @@ def agent_demo(out, minutes=2.0, ckpt=None, tokenizer=None, n_train=8000, n_test
     save_chat_config(out)
     model = _model(ckpt, tok)
     examples = [encode_example(tok, t) for t in texts]
-    losses = finetune(model, examples, tok.token_to_id('<|pad|>'), minutes, lr=lr, seed=seed)
+    losses = finetune(model, examples, tok.token_to_id('<|pad|>'), steps, lr=lr, seed=seed)
     torch.save(model.state_dict(), out / 'model.pt')
     tool = python_tool(get_runner(backend, wall_s=10))
     with_tool, runs = evaluate(model, tok, test, tool, trace_dir=out / 'traces')
@@ -199,7 +204,8 @@ def demo_main(argv=()):
     p = ArgParser(prog='apex3 agent demo', description='train a tiny model to call a python tool, then measure it')
     p.add_argument('--out', default='apex3-agent-demo',
                    help='folder for the model, traces and figures (default: %(default)s)')
-    p.add_argument('--minutes', type=float, default=2.0, help='training time (default: %(default)s)')
+    p.add_argument('--steps', type=int, default=1500,
+                   help='training steps (default: %(default)s, about a minute on 2 cores)')
     p.add_argument('--ckpt',
                    help="fine-tune the latest checkpoint in this folder (the main job's) instead of a new model")
     p.add_argument('--tokenizer', help='the tokenizer.json of --ckpt (required with it)')
@@ -208,16 +214,16 @@ def demo_main(argv=()):
                    help='sandbox for the tool (default: %(default)s)')
     a = p.parse_args(argv)
     if (a.ckpt is None) != (a.tokenizer is None): raise UsageError('--ckpt and --tokenizer go together')
-    if a.minutes <= 0 or a.test < 1: raise UsageError('--minutes must be positive and --test at least 1')
-    print('\n'.join(demo_lines(agent_demo(a.out, a.minutes, a.ckpt, a.tokenizer, n_test=a.test, backend=a.backend))))
+    if a.steps < 1 or a.test < 1: raise UsageError('--steps and --test must be at least 1')
+    print('\n'.join(demo_lines(agent_demo(a.out, a.steps, a.ckpt, a.tokenizer, n_test=a.test, backend=a.backend))))
     return 0
 
 # %% ../../nbs/66_demo.ipynb #c3cd16fe
 RECORDS_FILE = 'agent_demo.jsonl'
 
-def demo_record(res, minutes, source) -> dict:
+def demo_record(res, source) -> dict:
     "The record of one demo run: its settings and its two pairs of figures."
     figures = {f'{k}_{m}': res[k][m] for k in ('with_tool', 'without_tool')
                for m in ('answer_accuracy', 'call_validity', 'used_tool')}
-    return dict(kind='agent_demo', minutes=minutes, source=source, lr=res['lr'], steps=res['steps'],
+    return dict(kind='agent_demo', source=source, lr=res['lr'], steps=res['steps'],
                 loss_last=res['loss_last'], **figures)

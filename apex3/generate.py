@@ -4,12 +4,12 @@
 
 # %% auto #0
 __all__ = ['GATHER_TOKENS', 'grouped_experts', 'RECORDS_FILE', 'STEP_GRAPHS', 'HBM_BYTES_PER_S', 'METHODS', 'CPU_RUNS',
-           'StaticCache', 'query_doc_starts', 'CachedAttention', 'int8_rows', 'Int8Linear', 'Int8Experts',
-           'quantize_int8', 'chosen_experts', 'moe_infer', 'copied_experts', 'bench_eager_experts', 'bench_moe_decode',
-           'cached_hidden', 'next_doc', 'Sampling', 'filter_logits', 'sample_next', 'Stopper', 'head_logits',
-           'decode_step', 'compiled_step', 'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model',
-           'hf_twin', 'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth',
-           'profile_decode']
+           'StaticCache', 'query_doc_starts', 'CachedAttention', 'int8_rows', 'mul_sum_linear', 'RowLinear',
+           'swap_linears', 'row_linears', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'chosen_experts', 'moe_infer',
+           'copied_experts', 'bench_eager_experts', 'bench_moe_decode', 'cached_hidden', 'next_doc', 'Sampling',
+           'filter_logits', 'sample_next', 'Stopper', 'head_logits', 'decode_step', 'compiled_step', 'Generator',
+           'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode', 'bench_generate',
+           'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
 import copy, functools, logging, math, time
@@ -57,9 +57,15 @@ class CachedAttention:
         s = torch.arange(kc.shape[2], device=q.device)
         allowed = (s <= self.pos[..., None]) & (s >= self.qdoc[..., None])            # [B, T, S]: causal, same document
         qg = q.float().view(B, T, Hkv, H // Hkv, D)                                    # query heads grouped by KV head
-        scores = torch.einsum('bthgd,bhsd->bhgts', qg, kc.float()) * D ** -0.5
-        p = scores.masked_fill(~allowed[:, None, None], float('-inf')).softmax(-1)
-        return torch.einsum('bhgts,bhsd->bthgd', p, vc.float()).reshape(B, T, H, D).to(q.dtype)
+        if torch.compiler.is_compiling():   # multiply-and-sum: inductor fuses the dtype change and the softmax in
+            scores = (qg[..., None, :] * kc[:, None, :, None].float()).sum(-1) * D ** -0.5   # [B, T, Hkv, g, S]
+            p = scores.masked_fill(~allowed[:, :, None, None], float('-inf')).softmax(-1)
+            o = (p[..., None] * vc[:, None, :, None].float()).sum(-2)
+        else:                               # eager (prefill): the same as two batched matmuls, nothing T x S x D big
+            scores = torch.einsum('bthgd,bhsd->bhgts', qg, kc.float()) * D ** -0.5
+            p = scores.masked_fill(~allowed[:, None, None], float('-inf')).softmax(-1)
+            o = torch.einsum('bhgts,bhsd->bthgd', p, vc.float())
+        return o.reshape(B, T, H, D).to(q.dtype)
 
 # %% ../nbs/11_generate.ipynb #7629b77b
 def _scaled(w, scale, e):
@@ -75,6 +81,33 @@ def int8_rows(w):
     "Symmetric int8 of `w` [..., N, K], one fp32 scale per row (output channel): (q int8 [..., N, K], scale [..., N])."
     s = w.detach().float().abs().amax(-1).clamp_min(1e-12) / 127
     return (w.detach().float() / s[..., None]).round().clamp(-127, 127).to(torch.int8), s
+
+def mul_sum_linear(x, w):
+    "`x @ w.T`; compiled, a multiply-and-sum that inductor fuses with its neighbours (a matmul is a call of its own)."
+    return (x[..., None, :] * w).sum(-1) if torch.compiler.is_compiling() else F.linear(x, w)
+
+class RowLinear(nn.Module):
+    "A bias-free linear on `lin`'s own weight (nothing copied); compiled for one row, `mul_sum_linear`."
+    def __init__(self, lin: nn.Linear):
+        super().__init__()
+        self.weight = lin.weight
+
+    def forward(self, x):
+        # one bf16 row through C's linears: cuBLAS reads about 1.3 TB/s on the H200, inductor's reduction more
+        return mul_sum_linear(x, self.weight) if x.numel() == x.shape[-1] else F.linear(x, self.weight)
+
+def swap_linears(m, make):
+    "`m` with every attention and shared-expert linear replaced by `make(linear)`, in place."
+    for layer in m.layers:
+        for name in ('wq', 'wk', 'wv', 'wo'): setattr(layer.attn, name, make(getattr(layer.attn, name)))
+        if (sh := layer.moe.shared) is not None:
+            for name in ('w_gate_up', 'w_down'): setattr(sh, name, make(getattr(sh, name)))
+    return m
+
+def row_linears(model):
+    "A copy of `model` that shares every tensor with it, its linears `RowLinear`s: the model a CUDA decode step runs."
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return swap_linears(copy.deepcopy(model, shared), RowLinear)
 
 class Int8Linear(nn.Module):
     "A bias-free linear from int8 weights and per-row scales: a decode step reads a quarter of fp32's weight bytes."
@@ -100,13 +133,8 @@ class Int8Experts(nn.Module):
 
 def quantize_int8(model):
     "A copy of `model` for decoding with int8 weights: attention, experts, shared expert, LM head (router, norms kept)."
-    m = copy.deepcopy(model)
-    for layer in m.layers:
-        for name in ('wq', 'wk', 'wv', 'wo'): setattr(layer.attn, name, Int8Linear(getattr(layer.attn, name)))
-        layer.moe.experts = Int8Experts(layer.moe.experts)
-        if layer.moe.shared is not None:
-            sh = layer.moe.shared
-            for name in ('w_gate_up', 'w_down'): setattr(sh, name, Int8Linear(getattr(sh, name)))
+    m = swap_linears(copy.deepcopy(model), Int8Linear)
+    for layer in m.layers: layer.moe.experts = Int8Experts(layer.moe.experts)
     m.lm_head = Int8Linear(m.lm_head)
     return m.eval()
 
@@ -160,7 +188,7 @@ def moe_infer(moe, x):
     "An `MoE` layer's output [B, T, d] at inference, with no training state touched (no load counts, no aux loss)."
     B, T, d = x.shape
     flat = x.reshape(B * T, d)
-    _, idx, gates = route(flat, moe.router.weight, moe.router_bias, moe.top_k, moe.route_scale)
+    _, idx, gates = route(flat, moe.router.weight, moe.router_bias, moe.top_k, moe.route_scale, mul_sum_linear, False)
     # int8 experts always run one chosen expert at a time, each restored to float alone: no all-expert copy
     few = B * T <= GATHER_TOKENS or isinstance(moe.experts, Int8Experts)
     ex = moe.experts
@@ -310,8 +338,8 @@ def compiled_step(compile, device_type):
     "`decode_step` compiled once per process: `compile` is True (inductor; CUDA graphs on CUDA) or a dynamo backend."
     # model and cache are inputs: Generators of equal shapes share one graph; dynamic=False: one graph per shape.
     # On CPU the graph's wrapper is C++: about a millisecond less a step of `small` than Python's (same process, A/B)
-    cpu = dict(options={'cpp_wrapper': True})
-    opts = (dict(mode='reduce-overhead') if device_type == 'cuda' else cpu) if compile is True else dict(backend=compile)
+    native = dict(mode='reduce-overhead') if device_type == 'cuda' else dict(options={'cpp_wrapper': True})
+    opts = native if compile is True else dict(backend=compile)
     return torch.compile(decode_step, fullgraph=True, dynamic=False, **opts)
 
 class Generator:
@@ -319,6 +347,9 @@ class Generator:
     def __init__(self, model, max_len=2048, max_batch=8, compile=True):
         w = model.tok_emb.weight   # the activations' dtype (an int8 model's head is int8)
         self.model, self.eos_id, self.device = model, model.cfg.eos_id, w.device
+        # one-row linears as reductions on CUDA only: on CPU, MKL reads a weight faster than inductor's loops
+        cuda_float = w.device.type == 'cuda' and not isinstance(model.lm_head, Int8Linear)
+        self.step_model = row_linears(model) if cuda_float else model
         self.cache = StaticCache(model.cfg, max_batch, max_len, w.device, w.dtype)
         self.owner = None   # the session whose conversation the cache's row 0 holds
         self._step = compiled_step(compile, w.device.type) if compile else decode_step
@@ -329,7 +360,7 @@ class Generator:
         # Set and restored by hand: `config.patch` costs tens of microseconds, a step on the H200 about 5 ms
         cfg, limit = torch._dynamo.config, torch._dynamo.config.recompile_limit
         cfg.recompile_limit = max(limit, STEP_GRAPHS)
-        try: return self._step(self.model, self.cache, tokens, pos, doc)
+        try: return self._step(self.step_model, self.cache, tokens, pos, doc)
         finally: cfg.recompile_limit = limit
 
     @torch.no_grad()

@@ -215,11 +215,12 @@ class Attention(nn.Module):
         return self.wo(o.reshape(B, S, -1))
 
 # %% ../nbs/10_model.ipynb #14e0a504
-def route(x, router_weight, router_bias, top_k, route_scale=1.0):
-    "Sigmoid scores [N, E], chosen experts [N, k] by score + bias, and gates [N, k] (chosen scores, summing to 1)."
+def route(x, router_weight, router_bias, top_k, route_scale=1.0, linear=F.linear, sorted=True):
+    """Sigmoid scores [N, E], chosen experts [N, k] by score + bias, and gates [N, k] (chosen scores, summing to 1).
+    Decoding passes its own `linear` and `sorted=False`: no sum depends on the order of a token's experts."""
     dt = torch.promote_types(x.dtype, torch.float32)                # at least fp32: choices are sensitive to rounding
-    scores = F.linear(x.to(dt), router_weight.to(dt)).sigmoid()
-    idx = (scores + router_bias.float()).topk(top_k, dim=-1).indices
+    scores = linear(x.to(dt), router_weight.to(dt)).sigmoid()
+    idx = (scores + router_bias.float()).topk(top_k, dim=-1, sorted=sorted).indices
     gates = scores.gather(-1, idx)
     return scores, idx, gates / gates.sum(-1, keepdim=True) * route_scale
 

@@ -499,7 +499,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'apex3.data.ray_cluster.Slow': ('ray.html#slow', 'apex3/data/ray_cluster.py'),
                                         'apex3.data.ray_cluster.Slow.__init__': ('ray.html#slow.__init__', 'apex3/data/ray_cluster.py'),
                                         'apex3.data.ray_cluster.Slow.keep': ('ray.html#slow.keep', 'apex3/data/ray_cluster.py'),
-                                        'apex3.data.ray_cluster._free_port': ('ray.html#_free_port', 'apex3/data/ray_cluster.py'),
                                         'apex3.data.ray_cluster.ray_scaleout': ('ray.html#ray_scaleout', 'apex3/data/ray_cluster.py')},
             'apex3.data.redact': { 'apex3.data.redact.Redact': ('redact.html#redact', 'apex3/data/redact.py'),
                                    'apex3.data.redact.Redact.__init__': ('redact.html#redact.__init__', 'apex3/data/redact.py'),
@@ -612,7 +611,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                               'apex3.diloco.diloco_round': ('diloco.html#diloco_round', 'apex3/diloco.py'),
                               'apex3.diloco.encode': ('diloco.html#encode', 'apex3/diloco.py'),
                               'apex3.diloco.expected_encoding': ('diloco.html#expected_encoding', 'apex3/diloco.py'),
-                              'apex3.diloco.free_port': ('diloco.html#free_port', 'apex3/diloco.py'),
                               'apex3.diloco.full_of': ('diloco.html#full_of', 'apex3/diloco.py'),
                               'apex3.diloco.init_worker_groups': ('diloco.html#init_worker_groups', 'apex3/diloco.py'),
                               'apex3.diloco.local_weights': ('diloco.html#local_weights', 'apex3/diloco.py'),
@@ -1341,5 +1339,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.usage.UsageError': ('usage.html#usageerror', 'apex3/usage.py'),
                              'apex3.usage._silence_stdout': ('usage.html#_silence_stdout', 'apex3/usage.py'),
                              'apex3.usage.commands_usage': ('usage.html#commands_usage', 'apex3/usage.py'),
+                             'apex3.usage.free_port': ('usage.html#free_port', 'apex3/usage.py'),
                              'apex3.usage.load_target': ('usage.html#load_target', 'apex3/usage.py'),
                              'apex3.usage.run_command': ('usage.html#run_command', 'apex3/usage.py')}}}

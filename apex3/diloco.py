@@ -7,14 +7,14 @@ moved and an outer optimizer with momentum moves the shared weights."""
 __all__ = ['COMPRESS', 'SCALE', 'local_weights', 'set_weights', 'shard_of', 'full_of', 'Outer', 'outer_step', 'pseudo_gradient',
            'average', 'outer_stats', 'encode', 'decode', 'expected_encoding', 'payload_bytes', 'DiLoCo', 'mean_of',
            'diloco_round', 'ListTransport', 'toy_model', 'toy_worker_steps', 'make_inner', 'simulate', 'data_parallel',
-           'DistTransport', 'init_worker_groups', 'toy_worker', 'shard_toy', 'free_port', 'spawn_dist_toy']
+           'DistTransport', 'init_worker_groups', 'toy_worker', 'shard_toy', 'spawn_dist_toy']
 
 # %% ../nbs/40_diloco.ipynb #15ba88d0
 import copy, logging, math, time
 from dataclasses import dataclass, field
 import torch, torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
-from .usage import UsageError
+from .usage import UsageError, free_port
 
 _log = logging.getLogger('apex3.diloco')
 
@@ -441,13 +441,6 @@ def _dist_toy_main(out, workers, rounds, every, compress, timeout=60.0, die_at=0
     if inner == 0: save_file(glob, out)
 
 # %% ../nbs/40_diloco.ipynb #2d79587b
-def free_port() -> int:
-    "A TCP port on loopback that nothing listens on now (for a rendezvous started next)."
-    import socket
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
 def spawn_dist_toy(tmp, workers, rounds, every, compress='fp32', group=1, die_at=0, sig='SIGKILL', deadline=60.0,
                    timeout=120):
     """Start `workers` DiLoCo workers of `group` gloo processes each (FSDP2 inside a worker when `group` > 1) on

@@ -8,7 +8,7 @@ __all__ = ['read_gbs', 'diloco_sweep', 'warm_start', 'dp_of', 'sweep_table', 'pl
 
 # %% ../nbs/43_diloco_evidence.ipynb #7db6ff97
 from pathlib import Path
-from .diloco import free_port
+from .usage import free_port
 
 # %% ../nbs/43_diloco_evidence.ipynb #ed4e9507
 def _sweep_args(data_dir, micro_bs, seq_len, lr, val_every):

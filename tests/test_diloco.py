@@ -1,19 +1,15 @@
 """DiLoCo with real worker processes on loopback: the files transport (directories and HTTP) against the single-process
 simulation bit for bit, and `apex3 train` workers: identical global states, deadline, SIGKILL, late join, resume."""
-import json, os, signal, socket, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
 from safetensors.torch import load_file
 from apex3.diloco import simulate
+from apex3.usage import free_port
 
 ROOT = Path(__file__).parents[1]
 KEY = 'test-key-0123456789abcdef'
 ENV = {**os.environ, 'OMP_NUM_THREADS': '1', 'DILOCO_KEY': KEY, 'PYTHONPATH': str(ROOT)}
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 def files_workers(tmp, n, rounds=3, every=4, how="fp32", http=False, timeout=100):
     "Start `n` toy workers through the files transport, each naming every other's directory (or URL); their globals."

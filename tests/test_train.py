@@ -4,6 +4,7 @@ from functools import partial
 from pathlib import Path
 import pytest, torch
 from apex3.train import byte_shards, read_log
+from apex3.usage import free_port
 
 ROOT = Path(__file__).parents[1]
 TINY = ['--config', 'tiny', '--seq-len', '32', '--micro-bs', '2', '--lr', '3e-3', '--device', 'cpu', '--ce-impl', 'torch',
@@ -13,11 +14,6 @@ TINY = ['--config', 'tiny', '--seq-len', '32', '--micro-bs', '2', '--lr', '3e-3'
 def data(tmp_path_factory):
     d = byte_shards(tmp_path_factory.mktemp('bytes'), 200_000)
     return ['--data', f'std=1:{d}/shard-0000[0-2].bin', '--val-data', f'std={d}/shard-00003.bin']
-
-def free_port():
-    "A TCP port nobody listens on now (a fixed port collides with leftovers of other runs)."
-    import socket
-    with socket.socket() as s: s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
 def trainer(*args, torchrun=None, **kw):
     "Popen of `python -m apex3.train ARGS` (or under torchrun with N ranks), one thread per process."

@@ -4,22 +4,18 @@
 
 # %% ../../nbs/5e_ray.ipynb #0b5f3046
 from __future__ import annotations
-import os, socket, subprocess, time
+import os, subprocess, time
 from pathlib import Path
+from ..usage import free_port
 from .core import LocalExecutor, RayExecutor, MapStage, Step
 
 # %% auto #0
 __all__ = ['LocalRay', 'Slow', 'ray_scaleout']
 
 # %% ../../nbs/5e_ray.ipynb #7465f025
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
 class LocalRay:
     "A one-node Ray cluster on 127.0.0.1 with `num_cpus` worker slots, started and stopped with `ray start`/`ray stop`."
-    def __init__(self, num_cpus=2): self.num_cpus, self.port = num_cpus, _free_port()
+    def __init__(self, num_cpus=2): self.num_cpus, self.port = num_cpus, free_port()
     @property
     def address(self): return f'127.0.0.1:{self.port}'
     def start(self):

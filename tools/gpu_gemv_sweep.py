@@ -1,0 +1,35 @@
+"""How fast one bf16 matrix-vector product reads its weight on this GPU, by the weight's size: cuBLAS (`F.linear`)
+and inductor's multiply-and-sum, each timed over back-to-back calls (launches overlap, so a call's time is its
+kernel's). A decode step of C at batch 1 is about 600 such reads of 1 to 50 MB: the curve says what each costs.
+usage (GPU host, repo root, after `source tools/gpu_env.sh`): python3 tools/gpu_gemv_sweep.py OUT.jsonl"""
+import json, sys
+import torch, torch.nn.functional as F
+from apex3.records import provenance
+
+def per_call_s(fn, calls=200):
+    "Seconds per call of `fn` over `calls` back-to-back calls, between two CUDA events (median of 5)."
+    for _ in range(10): fn()
+    ts = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(calls): fn()
+        b.record(); b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3 / calls)
+    return sorted(ts)[2]
+
+def main(path, d=2560):
+    mul_sum = torch.compile(lambda x, w: (x[..., None, :] * w).sum(-1), dynamic=False)
+    recs = []
+    for n in (256, 1024, 2560, 5120, 10240, 20480, 51200, 204800):
+        w = torch.randn(n, d, device='cuda', dtype=torch.bfloat16)
+        x = torch.randn(1, d, device='cuda', dtype=torch.bfloat16)
+        for impl, fn in (('cublas', lambda: F.linear(x, w)), ('inductor', lambda: mul_sum(x, w))):
+            s = per_call_s(fn)
+            recs.append(dict(kind='gemv_sweep', impl=impl, rows=n, cols=d, dtype='bfloat16', weight_bytes=w.nbytes,
+                             seconds=s, bytes_per_s=w.nbytes / s, **provenance()))
+            print(f'{impl:9s} {w.nbytes / 2**20:8.1f} MiB {s * 1e6:8.2f} us {w.nbytes / s / 1e12:5.2f} TB/s',
+                  flush=True)
+    with open(path, 'w') as f: f.writelines(json.dumps(r) + '\n' for r in recs)
+
+if __name__ == '__main__': main(sys.argv[1])

@@ -1,19 +1,26 @@
 """How fast one bf16 matrix-vector product reads its weight on this GPU, by the weight's size: cuBLAS (`F.linear`)
-and inductor's multiply-and-sum, each timed over back-to-back calls (launches overlap, so a call's time is its
-kernel's). A decode step of C at batch 1 is about 600 such reads of 1 to 50 MB: the curve says what each costs.
+and inductor's multiply-and-sum, each timed as 100 calls replayed from one CUDA graph (a call's time is its kernel's,
+as in a decode step's graph). A decode step of C at batch 1 is about 600 such reads of 1 to 50 MB: the curve says what each costs.
 usage (GPU host, repo root, after `source tools/gpu_env.sh`): python3 tools/gpu_gemv_sweep.py OUT.jsonl"""
 import json, sys
 import torch, torch.nn.functional as F
 from apex3.records import provenance
 
-def per_call_s(fn, calls=200):
-    "Seconds per call of `fn` over `calls` back-to-back calls, between two CUDA events (median of 5)."
-    for _ in range(10): fn()
+def per_call_s(fn, calls=100):
+    "Seconds per call of `fn`: `calls` calls captured in one CUDA graph, replayed (no launch costs), median of 5."
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3): fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls): fn()
     ts = []
     for _ in range(5):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        for _ in range(calls): fn()
+        g.replay()
         b.record(); b.synchronize()
         ts.append(a.elapsed_time(b) / 1e3 / calls)
     return sorted(ts)[2]

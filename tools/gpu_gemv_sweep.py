@@ -1,6 +1,7 @@
 """How fast one bf16 matrix-vector product reads its weight on this GPU, by the weight's size: cuBLAS (`F.linear`)
 and inductor's multiply-and-sum, each timed as 100 calls replayed from one CUDA graph (a call's time is its kernel's,
-as in a decode step's graph). A decode step of C at batch 1 is about 600 such reads of 1 to 50 MB: the curve says what each costs.
+as in a decode step's graph). A decode step of C at batch 1 reads its weights in GEMVs of 5 to 52 MB a layer and the
+1 GB LM head: the curve says what each costs.
 usage (GPU host, repo root, after `source tools/gpu_env.sh`): python3 tools/gpu_gemv_sweep.py OUT.jsonl"""
 import json, sys
 import torch, torch.nn.functional as F

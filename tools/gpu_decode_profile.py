@@ -41,22 +41,26 @@ def kernel_table(step, steps=10, top=25):
                 top=[(e.key[:100], e.count / steps, round(e.self_device_time_total / steps, 1)) for e in ev[:top]])
 
 
+@torch.no_grad()
+def time_step(g, rows):
+    "A `Generator`'s decode step after prefilling `rows`: seconds to warm up (compile), one step, its kernel table."
+    logits, pos, doc = g.prefill(rows)
+    tok = logits.argmax(-1)
+    step = lambda: g.step(tok, pos, doc)
+    t0 = time.perf_counter()
+    for _ in range(3): step()
+    torch.cuda.synchronize()
+    return dict(warmup_s=time.perf_counter() - t0, step_s=step_seconds(step), kernels=kernel_table(step))
+
+
 def profile_batch(model, cfg, B, context=64):
     out = dict(batch=B, bound_step_s=decode_bytes(cfg, B, context) / HBM_BYTES_PER_S)
     variants = (('cudagraphs', True), ('inductor', 'inductor'))[:2 if B == 1 else 1]   # launches matter most at B=1
     for name, compile in variants:
         torch._dynamo.reset()
         g = Generator(model, max_len=context + 64, max_batch=B, compile=compile)
-        logits, pos, doc = g.prefill([list(range(1, context + 1))] * B)
-        tok = logits.argmax(-1)
-        with torch.no_grad():
-            step = lambda: g.step(tok, pos, doc)
-            t0 = time.perf_counter()
-            for _ in range(3): step()
-            torch.cuda.synchronize()
-            out[f'{name}_warmup_s'] = time.perf_counter() - t0
-            out[f'{name}_step_s'] = step_seconds(step)
-            out[f'{name}_kernels'] = kernel_table(step)
+        fig = time_step(g, [list(range(1, context + 1))] * B)
+        out.update({f'{name}_{k}': v for k, v in fig.items()})
         print(B, name, f"step {out[f'{name}_step_s'] * 1e3:.2f} ms", f"bound {out['bound_step_s'] * 1e3:.2f} ms",
               f"kernels/step {out[f'{name}_kernels']['kernels_per_step']:.0f}",
               f"device {out[f'{name}_kernels']['device_s_per_step'] * 1e3:.2f} ms", flush=True)

@@ -1,10 +1,10 @@
 """A decode step of C in bf16 on the H200 compiled with inductor's defaults and with coordinate-descent tuning of its
 kernels' block sizes, in one process: step time, kernels and device time per step, top kernels.
 usage (GPU host, repo root, after `source tools/gpu_env.sh`): python3 tools/gpu_decode_tuning.py OUT.json [BATCH ...]"""
-import json, sys, time
+import json, sys
 import torch
 sys.path.insert(0, 'tools')
-from gpu_decode_profile import step_seconds, kernel_table
+from gpu_decode_profile import time_step
 from apex3.config import get_config
 from apex3.generate import Generator, build_model, decode_bytes, HBM_BYTES_PER_S
 
@@ -16,20 +16,12 @@ res = []
 for B in batches:
     for cdt in (False, True):
         torch._dynamo.reset()
+        torch.manual_seed(1)
+        rows = torch.randint(1, cfg.eos_id, (B, 64)).tolist()
         with torch._inductor.config.patch(coordinate_descent_tuning=cdt):
             g = Generator(model, max_len=128, max_batch=B)
-            torch.manual_seed(1)
-            logits, pos, doc = g.prefill(torch.randint(1, cfg.eos_id, (B, 64)).tolist())
-            tok = logits.argmax(-1)
-            step = lambda: g.step(tok, pos, doc)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                for _ in range(3): step()
-            torch.cuda.synchronize()
-            warm = time.perf_counter() - t0
-            with torch.no_grad():
-                s = step_seconds(step)
-                k = kernel_table(step)
+            fig = time_step(g, rows)
+        warm, s, k = fig['warmup_s'], fig['step_s'], fig['kernels']
         bound = decode_bytes(cfg, B, 64) / HBM_BYTES_PER_S
         r = dict(batch=B, cdt=cdt, warmup_s=warm, step_s=s, bound_step_s=bound, **k)
         res.append(r)

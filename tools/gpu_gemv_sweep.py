@@ -3,9 +3,10 @@ and inductor's multiply-and-sum, each timed as 100 calls replayed from one CUDA 
 as in a decode step's graph). A decode step of C at batch 1 reads its weights in GEMVs of 5 to 52 MB a layer and the
 1 GB LM head: the curve says what each costs.
 usage (GPU host, repo root, after `source tools/gpu_env.sh`): python3 tools/gpu_gemv_sweep.py OUT.jsonl"""
-import json, sys
+import sys
 import torch, torch.nn.functional as F
-from apex3.records import provenance
+from apex3.generate import mul_sum_linear
+from apex3.records import append_records
 
 def per_call_s(fn, calls=100):
     "Seconds per call of `fn`: `calls` calls captured in one CUDA graph, replayed (no launch costs), median of 5."
@@ -27,7 +28,7 @@ def per_call_s(fn, calls=100):
     return sorted(ts)[2]
 
 def main(path, d=2560):
-    mul_sum = torch.compile(lambda x, w: (x[..., None, :] * w).sum(-1), dynamic=False)
+    mul_sum = torch.compile(mul_sum_linear, dynamic=False)   # the decode step's one-row linear, compiled
     recs = []
     for n in (256, 1024, 2560, 5120, 10240, 20480, 51200, 204800):
         w = torch.randn(n, d, device='cuda', dtype=torch.bfloat16)
@@ -35,9 +36,9 @@ def main(path, d=2560):
         for impl, fn in (('cublas', lambda: F.linear(x, w)), ('inductor', lambda: mul_sum(x, w))):
             s = per_call_s(fn)
             recs.append(dict(kind='gemv_sweep', impl=impl, rows=n, cols=d, dtype='bfloat16', weight_bytes=w.nbytes,
-                             seconds=s, bytes_per_s=w.nbytes / s, **provenance()))
+                             seconds=s, bytes_per_s=w.nbytes / s))
             print(f'{impl:9s} {w.nbytes / 2**20:8.1f} MiB {s * 1e6:8.2f} us {w.nbytes / s / 1e12:5.2f} TB/s',
                   flush=True)
-    with open(path, 'w') as f: f.writelines(json.dumps(r) + '\n' for r in recs)
+    append_records(recs, path)
 
 if __name__ == '__main__': main(sys.argv[1])

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
 from .model import Transformer, Experts, route, expert_counts, swiglu, rope_cos_sin, generate
 from .config import get_config, param_components
+from .gemv import gemv_ok, moe_gemv, row_gemv
 from .records import append_records, load_records, time_fn
 from .usage import UsageError
 
@@ -87,14 +88,20 @@ def mul_sum_linear(x, w):
     return (x[..., None, :] * w).sum(-1) if torch.compiler.is_compiling() else F.linear(x, w)
 
 class RowLinear(nn.Module):
-    "A bias-free linear on `lin`'s own weight (nothing copied); compiled for one row, `mul_sum_linear`."
+    """A bias-free linear on `lin`'s own weight (nothing copied); for one row, chapter 10a_gemv's `row_gemv` where it
+    runs (`kernel='slots'`), else compiled as `mul_sum_linear`."""
+    kernel = 'slots'
+
     def __init__(self, lin: nn.Linear):
         super().__init__()
         self.weight = lin.weight
 
     def forward(self, x):
         # one bf16 row through C's linears: cuBLAS reads about 1.3 TB/s on the H200, inductor's reduction more
-        return mul_sum_linear(x, self.weight) if x.numel() == x.shape[-1] else F.linear(x, self.weight)
+        if x.numel() != x.shape[-1]: return F.linear(x, self.weight)
+        if self.kernel == 'slots' and gemv_ok(x, self.weight):
+            return row_gemv(x.reshape(1, -1), self.weight).view(*x.shape[:-1], -1)
+        return mul_sum_linear(x, self.weight)
 
 def swap_linears(m, make):
     "`m` with every attention and shared-expert linear replaced by `make(linear)`, in place."
@@ -188,12 +195,22 @@ def moe_infer(moe, x):
     "An `MoE` layer's output [B, T, d] at inference, with no training state touched (no load counts, no aux loss)."
     B, T, d = x.shape
     flat = x.reshape(B * T, d)
-    _, idx, gates = route(flat, moe.router.weight, moe.router_bias, moe.top_k, moe.route_scale, mul_sum_linear, False)
+    scores, idx, gates = route(flat, moe.router.weight, moe.router_bias, moe.top_k, moe.route_scale, mul_sum_linear,
+                               False)
     # int8 experts always run one chosen expert at a time, each restored to float alone: no all-expert copy
     few = B * T <= GATHER_TOKENS or isinstance(moe.experts, Int8Experts)
-    ex = moe.experts
-    out = chosen_experts(ex, flat, idx, gates) if few else grouped_experts(flat, idx, gates, ex.w_gate_up, ex.w_down)
-    if moe.shared is not None: out = out + moe.shared(flat)
+    ex, sh = moe.experts, moe.shared
+    # a few float tokens on CUDA: chapter 10a_gemv's kernel, which routes by `scores` itself (idx, gates unused)
+    slots = few and gemv_ok(flat, ex.w_gate_up, ex.w_down)
+    with_shared = slots and sh is not None and gemv_ok(flat, sh.w_down.weight) and \
+        sh.w_down.weight.shape == ex.w_down.shape[1:]                     # the shared expert as one more slot
+    if slots:
+        shared = (sh.w_gate_up.weight, sh.w_down.weight) if with_shared else (None, None)
+        out = moe_gemv(flat, scores, moe.router_bias, ex.w_gate_up, ex.w_down, *shared, moe.top_k,
+                       moe.route_scale).sum(1).to(x.dtype)
+    elif few: out = chosen_experts(ex, flat, idx, gates)
+    else: out = grouped_experts(flat, idx, gates, ex.w_gate_up, ex.w_down)
+    if sh is not None and not with_shared: out = out + sh(flat)
     return out.view(B, T, d)
 
 

@@ -7,17 +7,18 @@ kernel, the shared expert as one more slot, and plain one-row linears."""
 __all__ = ['BLOCKS', 'RECORDS_FILE', 'UP_BLOCKS', 'DOWN_BLOCKS', 'slots_kernel', 'moe_gemv', 'row_gemv', 'gemv_ok',
            'graph_seconds', 'bench_gemv', 'tiles', 'gemv_table']
 
-# %% ../nbs/10a_gemv.ipynb #886e4da9
+# %% ../nbs/10a_gemv.ipynb #2a5f805f
 import contextlib, functools, types
 from typing import Optional
 import torch, torch.nn.functional as F
 from .config import get_config
 from .kernels import _add_combine, triton_interpreting
+from .model import route, swiglu
 from .records import append_records, load_records
 try: import triton, triton.language as tl
 except ImportError: triton = tl = None   # no Triton: decoding keeps inductor's reductions
 
-# %% ../nbs/10a_gemv.ipynb #60643487
+# %% ../nbs/10a_gemv.ipynb #26ac5c4f
 @functools.cache
 def slots_kernel(interpret=False):
     "The slots GEMV kernel, for the GPU or for Triton's CPU interpreter."
@@ -56,7 +57,7 @@ def slots_kernel(interpret=False):
         tl.store(out_ptr + (n * S + j) * ROWS + rows, h.to(out_ptr.dtype.element_ty), mask=rows < ROWS)
     return kernel
 
-# %% ../nbs/10a_gemv.ipynb #2f5058cd
+# %% ../nbs/10a_gemv.ipynb #0658db2f
 # (rows, columns, warps) of a program's tile, by use: the fastest of `bench_gemv`'s sweep at C's shapes on the H200
 BLOCKS = dict(up=(16, 512, 8), down=(16, 256, 4), row=(16, 512, 8))
 
@@ -95,7 +96,7 @@ if triton is not None and not hasattr(torch.ops.apex3, 'moe_gemv'):
     torch.library.triton_op('apex3::moe_gemv', _moe_gemv, mutates_args=())
     torch.library.triton_op('apex3::row_gemv', _row_gemv, mutates_args=())
 
-# %% ../nbs/10a_gemv.ipynb #6b52d4df
+# %% ../nbs/10a_gemv.ipynb #9c6e93bb
 def moe_gemv(x, scores, bias, w_gate_up, w_down, shared_gate_up=None, shared_down=None, top_k=1, route_scale=1.0):
     """Each token's MoE output in parts [N, S, d] fp32 (sum over dim 1): its `top_k` chosen experts by `scores` [N, E]
     + `bias` [E], gated by their normalised scores, then the shared expert (`shared_*`, same width) if given."""
@@ -111,7 +112,7 @@ def gemv_ok(x, *weights):
     return (triton is not None and (x.is_cuda or triton_interpreting())
             and all(t.is_floating_point() and t.is_contiguous() for t in (x, *weights)))
 
-# %% ../nbs/10a_gemv.ipynb #5bcc2c47
+# %% ../nbs/10a_gemv.ipynb #5d2ef0e4
 RECORDS_FILE = 'gemv.jsonl'   # records/gemv.jsonl
 
 def graph_seconds(fn, calls=50, repeats=5):
@@ -133,30 +134,29 @@ def graph_seconds(fn, calls=50, repeats=5):
         ts.append(a.elapsed_time(b) / 1e3 / calls)
     return sorted(ts)[repeats // 2]
 
-# %% ../nbs/10a_gemv.ipynb #9539b70c
+# %% ../nbs/10a_gemv.ipynb #94555e0c
 # tile sweeps: (rows, columns, warps) per program
 UP_BLOCKS = ((16, 512, 8), (8, 512, 4), (32, 256, 8), (16, 256, 4))
 DOWN_BLOCKS = ((16, 256, 4), (8, 512, 4), (32, 256, 8), (16, 512, 8))
 
 def _moe_layer(cfg, device):
-    "C's MoE layer shapes in bf16, random: (router weight, bias, experts gate|up, down, shared gate|up, down)."
+    "C's MoE layer shapes in bf16, random: router weight, bias, experts (`w_gate_up`, `w_down`), shared gate|up, down."
     g = torch.Generator(device).manual_seed(0)
     E, d, F_, Fs = cfg.n_experts, cfg.d_model, cfg.expert_ffn, cfg.n_shared * cfg.shared_ffn
     r = lambda *s: (torch.randn(*s, device=device, generator=g) / s[-1] ** 0.5).to(torch.bfloat16)
-    return r(E, d), torch.zeros(E, device=device), r(E, 2 * F_, d), r(E, d, F_), r(2 * Fs, d), r(d, Fs)
+    ex = types.SimpleNamespace(w_gate_up=r(E, 2 * F_, d), w_down=r(E, d, F_))
+    return r(E, d), torch.zeros(E, device=device), ex, r(2 * Fs, d), r(d, Fs)
 
-def _inductor_moe(x, router, bias, w1, w2, s1, s2, top_k, scale):
+def _inductor_moe(x, router, bias, ex, s1, s2, top_k, scale):
     "The decode step's MoE without the slots kernel: routing, `chosen_experts`, the shared expert as multiply-and-sums."
     from apex3.generate import chosen_experts, mul_sum_linear
-    from apex3.model import swiglu
     _, idx, gates = route(x, router, bias, top_k, scale, mul_sum_linear, False)
-    ex = types.SimpleNamespace(w_gate_up=w1, w_down=w2)
     return chosen_experts(ex, x, idx, gates) + mul_sum_linear(swiglu(mul_sum_linear(x, s1)), s2)
 
-def _slots_moe(x, router, bias, w1, w2, s1, s2, top_k, scale):
+def _slots_moe(x, router, bias, ex, s1, s2, top_k, scale):
     from apex3.generate import mul_sum_linear
     scores = mul_sum_linear(x.float(), router.float()).sigmoid()
-    return moe_gemv(x, scores, bias, w1, w2, s1, s2, top_k, scale).sum(1).to(x.dtype)
+    return moe_gemv(x, scores, bias, ex.w_gate_up, ex.w_down, s1, s2, top_k, scale).sum(1).to(x.dtype)
 
 def bench_gemv(config='C', tokens=(1, 8), up_blocks=UP_BLOCKS, down_blocks=DOWN_BLOCKS, device='cuda', path=RECORDS_FILE):
     "One MoE layer and the attention's linears of `config`, inductor against the slots kernel; records appended."
@@ -170,7 +170,7 @@ def bench_gemv(config='C', tokens=(1, 8), up_blocks=UP_BLOCKS, down_blocks=DOWN_
         x = torch.randn(N, cfg.d_model, device=device, dtype=torch.bfloat16)
         scores = (x.float() @ router.float().T).sigmoid()
         chosen = len(((scores + bias).topk(k, -1).indices).unique())
-        nbytes = sum(w[0].nbytes for w in ws[:2]) * chosen + sum(w.nbytes for w in ws[2:])
+        nbytes = (ws[0].w_gate_up[0].nbytes + ws[0].w_down[0].nbytes) * chosen + ws[1].nbytes + ws[2].nbytes
         ref = _inductor_moe(x, router, bias, *ws, k, cfg.route_scale).float()
         runs = [('inductor', None, None, lambda: inductor(x, router, bias, *ws, k, cfg.route_scale))]
         for up in up_blocks:
@@ -210,7 +210,7 @@ def _tiled(up, down, *args):
 
 def _rel_err(a, b): return ((a - b).norm() / b.norm()).item()
 
-# %% ../nbs/10a_gemv.ipynb #aaae2d76
+# %% ../nbs/10a_gemv.ipynb #6bd40926
 def gemv_table(recs):
     "The fastest slots-kernel run per token count against inductor's, from `bench_gemv` records."
     rows = []

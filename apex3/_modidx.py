@@ -788,6 +788,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                             'apex3.gemv._rel_err': ('gemv.html#_rel_err', 'apex3/gemv.py'),
                             'apex3.gemv._row_gemv': ('gemv.html#_row_gemv', 'apex3/gemv.py'),
                             'apex3.gemv._slots_moe': ('gemv.html#_slots_moe', 'apex3/gemv.py'),
+                            'apex3.gemv._sms': ('gemv.html#_sms', 'apex3/gemv.py'),
                             'apex3.gemv._tiled': ('gemv.html#_tiled', 'apex3/gemv.py'),
                             'apex3.gemv.bench_gemv': ('gemv.html#bench_gemv', 'apex3/gemv.py'),
                             'apex3.gemv.gemv_ok': ('gemv.html#gemv_ok', 'apex3/gemv.py'),

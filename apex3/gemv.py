@@ -7,7 +7,7 @@ kernel, the shared expert as one more slot, and plain one-row linears."""
 __all__ = ['BLOCKS', 'RECORDS_FILE', 'UP_BLOCKS', 'DOWN_BLOCKS', 'slots_kernel', 'moe_gemv', 'row_gemv', 'gemv_ok',
            'graph_seconds', 'bench_gemv', 'tiles', 'gemv_table']
 
-# %% ../nbs/10a_gemv.ipynb #2a5f805f
+# %% ../nbs/10a_gemv.ipynb #835481bd
 import contextlib, functools, types
 from typing import Optional
 import torch, torch.nn.functional as F
@@ -18,7 +18,7 @@ from .records import append_records, load_records
 try: import triton, triton.language as tl
 except ImportError: triton = tl = None   # no Triton: decoding keeps inductor's reductions
 
-# %% ../nbs/10a_gemv.ipynb #26ac5c4f
+# %% ../nbs/10a_gemv.ipynb #2310a8d0
 @functools.cache
 def slots_kernel(interpret=False):
     "The slots GEMV kernel, for the GPU or for Triton's CPU interpreter."
@@ -39,7 +39,8 @@ def slots_kernel(interpret=False):
             e = tl.reduce(tl.where(rank == j, ex, 0), 0, _add_combine)
             w = w_ptr + e.to(tl.int64) * ((2 if SWIGLU else 1) * ROWS * COLS)
             chosen = tl.reduce(tl.where(rank < K, s, 0.), 0, _add_combine)
-            gate = tl.reduce(tl.where(ex == e, s, 0.), 0, _add_combine) / chosen * route_scale
+            # fp32 in both branches: compiled, inductor may pass `route_scale` as a double
+            gate = (tl.reduce(tl.where(ex == e, s, 0.), 0, _add_combine) / chosen * route_scale).to(tl.float32)
         else:   # the shared expert, or the one weight of a plain linear
             w = ws_ptr
             gate = 1.0
@@ -57,15 +58,21 @@ def slots_kernel(interpret=False):
         tl.store(out_ptr + (n * S + j) * ROWS + rows, h.to(out_ptr.dtype.element_ty), mask=rows < ROWS)
     return kernel
 
-# %% ../nbs/10a_gemv.ipynb #0658db2f
+# %% ../nbs/10a_gemv.ipynb #9f72e2c1
 # (rows, columns, warps) of a program's tile, by use: the fastest of `bench_gemv`'s sweep at C's shapes on the H200
-BLOCKS = dict(up=(16, 512, 8), down=(16, 256, 4), row=(16, 512, 8))
+BLOCKS = dict(up=(16, 256, 4), down=(16, 256, 4), row=(16, 512, 8))
+
+@functools.cache
+def _sms(device):
+    "Streaming multiprocessors of a CUDA `device` (one for the interpreter's CPU)."
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == 'cuda' else 1
 
 def _launch(use, x, w, ws, scores, bias, out, route_scale, top_k, swiglu, x_per_slot):
     "One launch of the slots kernel writing `out` [N, S, rows]: a program per (token, slot, `BLOCKS[use]` row block)."
     N, S, rows = out.shape
     E, cols = scores.shape[1], x.shape[-1]
     br, bc, warps = BLOCKS[use]
+    while br > 4 and N * S * triton.cdiv(rows, br) < 2 * _sms(x.device): br //= 2   # two programs an SM at least
     kernel = slots_kernel(True) if triton_interpreting() else torch.library.wrap_triton(slots_kernel())
     kernel[(N * S, triton.cdiv(rows, br))](
         x, w, w if ws is None else ws, scores, bias, out, route_scale, ROWS=rows, COLS=cols, E=E,
@@ -96,7 +103,7 @@ if triton is not None and not hasattr(torch.ops.apex3, 'moe_gemv'):
     torch.library.triton_op('apex3::moe_gemv', _moe_gemv, mutates_args=())
     torch.library.triton_op('apex3::row_gemv', _row_gemv, mutates_args=())
 
-# %% ../nbs/10a_gemv.ipynb #9c6e93bb
+# %% ../nbs/10a_gemv.ipynb #e154609e
 def moe_gemv(x, scores, bias, w_gate_up, w_down, shared_gate_up=None, shared_down=None, top_k=1, route_scale=1.0):
     """Each token's MoE output in parts [N, S, d] fp32 (sum over dim 1): its `top_k` chosen experts by `scores` [N, E]
     + `bias` [E], gated by their normalised scores, then the shared expert (`shared_*`, same width) if given."""
@@ -112,7 +119,7 @@ def gemv_ok(x, *weights):
     return (triton is not None and (x.is_cuda or triton_interpreting())
             and all(t.is_floating_point() and t.is_contiguous() for t in (x, *weights)))
 
-# %% ../nbs/10a_gemv.ipynb #5d2ef0e4
+# %% ../nbs/10a_gemv.ipynb #7887fa2e
 RECORDS_FILE = 'gemv.jsonl'   # records/gemv.jsonl
 
 def graph_seconds(fn, calls=50, repeats=5):
@@ -134,7 +141,7 @@ def graph_seconds(fn, calls=50, repeats=5):
         ts.append(a.elapsed_time(b) / 1e3 / calls)
     return sorted(ts)[repeats // 2]
 
-# %% ../nbs/10a_gemv.ipynb #94555e0c
+# %% ../nbs/10a_gemv.ipynb #29e945de
 # tile sweeps: (rows, columns, warps) per program
 UP_BLOCKS = ((16, 512, 8), (8, 512, 4), (32, 256, 8), (16, 256, 4))
 DOWN_BLOCKS = ((16, 256, 4), (8, 512, 4), (32, 256, 8), (16, 512, 8))
@@ -163,8 +170,9 @@ def bench_gemv(config='C', tokens=(1, 8), up_blocks=UP_BLOCKS, down_blocks=DOWN_
     from apex3.generate import mul_sum_linear
     cfg = get_config(config)
     router, bias, *ws = _moe_layer(cfg, device)
-    inductor = torch.compile(_inductor_moe, dynamic=False, fullgraph=True)   # the slots ops run eagerly: a graph
-    # replays their kernels all the same, and each tile size is read when the op runs, not once when it is traced
+    inductor, slots = (torch.compile(f, dynamic=False, fullgraph=True) for f in (_inductor_moe, _slots_moe))
+    # the tile sweep runs the slots ops eagerly (each tile size is read when an op runs, not once when it is traced),
+    # so its routing and sum are kernels of their own: compare the tiles with each other, the compiled run with inductor
     recs, k = [], cfg.top_k
     for N in tokens:
         x = torch.randn(N, cfg.d_model, device=device, dtype=torch.bfloat16)
@@ -172,7 +180,8 @@ def bench_gemv(config='C', tokens=(1, 8), up_blocks=UP_BLOCKS, down_blocks=DOWN_
         chosen = len(((scores + bias).topk(k, -1).indices).unique())
         nbytes = (ws[0].w_gate_up[0].nbytes + ws[0].w_down[0].nbytes) * chosen + ws[1].nbytes + ws[2].nbytes
         ref = _inductor_moe(x, router, bias, *ws, k, cfg.route_scale).float()
-        runs = [('inductor', None, None, lambda: inductor(x, router, bias, *ws, k, cfg.route_scale))]
+        runs = [('inductor', None, None, lambda: inductor(x, router, bias, *ws, k, cfg.route_scale)),
+                ('slots-compiled', BLOCKS['up'], BLOCKS['down'], lambda: slots(x, router, bias, *ws, k, cfg.route_scale))]
         for up in up_blocks:
             for down in down_blocks[:1] if up != up_blocks[0] else down_blocks:   # the down sweep at the first up
                 runs.append(('slots', up, down, functools.partial(_tiled, up, down, x, router, bias, *ws, k,
@@ -182,7 +191,7 @@ def bench_gemv(config='C', tokens=(1, 8), up_blocks=UP_BLOCKS, down_blocks=DOWN_
             s = graph_seconds(fn)
             recs.append(dict(kind='moe_gemv', config=config, tokens=N, impl=impl, up_blocks=up, down_blocks=down,
                              seconds=s, weight_bytes=nbytes, bytes_per_s=nbytes / s, rel_err=err))
-            print(f'moe N={N} {impl:8s} {str(up):15s} {str(down):15s} {s * 1e6:7.1f} us '
+            print(f'moe N={N} {impl:14s} {str(up):15s} {str(down):15s} {s * 1e6:7.1f} us '
                   f'{nbytes / s / 1e12:5.2f} TB/s err {err:.1e}', flush=True)
     D, H, Hkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     mul_sum = torch.compile(mul_sum_linear, dynamic=False)
@@ -210,13 +219,13 @@ def _tiled(up, down, *args):
 
 def _rel_err(a, b): return ((a - b).norm() / b.norm()).item()
 
-# %% ../nbs/10a_gemv.ipynb #6bd40926
+# %% ../nbs/10a_gemv.ipynb #fba40aa8
 def gemv_table(recs):
-    "The fastest slots-kernel run per token count against inductor's, from `bench_gemv` records."
+    "The compiled slots-kernel MoE per token count against inductor's, from `bench_gemv` records."
     rows = []
     for N in sorted({r['tokens'] for r in recs}):
         ind = [r for r in recs if r['tokens'] == N and r['impl'] == 'inductor']
-        best = min((r for r in recs if r['tokens'] == N and r['impl'] == 'slots'), key=lambda r: r['seconds'])
+        best = min((r for r in recs if r['tokens'] == N and r['impl'] == 'slots-compiled'), key=lambda r: r['seconds'])
         rows.append(dict(tokens=N, inductor_us=ind[-1]['seconds'] * 1e6, slots_us=best['seconds'] * 1e6,
                          speedup=ind[-1]['seconds'] / best['seconds'], slots_tb_s=best['bytes_per_s'] / 1e12,
                          up_blocks=best['up_blocks'], down_blocks=best['down_blocks']))

@@ -88,9 +88,11 @@ def mul_sum_linear(x, w):
     return (x[..., None, :] * w).sum(-1) if torch.compiler.is_compiling() else F.linear(x, w)
 
 class RowLinear(nn.Module):
-    """A bias-free linear on `lin`'s own weight (nothing copied); for one row, chapter 10a_gemv's `row_gemv` where it
-    runs (`kernel='slots'`), else compiled as `mul_sum_linear`."""
-    kernel = 'slots'
+    """A bias-free linear on `lin`'s own weight (nothing copied); for one row, compiled as `mul_sum_linear`, or as
+    chapter 10a_gemv's `row_gemv` where it runs if `kernel='slots'`."""
+    # 'inductor': alone, `row_gemv` reads C's wq faster, but in the step it keeps inductor from fusing the norms and
+    # casts around the linears: C's batch-1 step took 3.82 ms with it, 3.13 ms without (records/generate.jsonl)
+    kernel = 'inductor'
 
     def __init__(self, lin: nn.Linear):
         super().__init__()

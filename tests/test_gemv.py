@@ -3,7 +3,7 @@ from unittest import mock
 import torch
 import apex3.generate as generate
 from apex3.config import get_config
-from apex3.generate import Generator, moe_infer, row_linears
+from apex3.generate import Generator, RowLinear, moe_infer, row_linears
 from apex3.kernels import triton_interpret
 from apex3.model import Transformer
 
@@ -30,7 +30,8 @@ def test_greedy_decode_through_slots_matches_torch():
     m = _model()
     prompts = [[5, 6, 7]]
     ref = Generator(m, max_len=32, compile=False).generate(prompts, max_new=5)
-    with triton_interpret(), mock.patch.object(generate, 'row_gemv', wraps=generate.row_gemv) as rows:
+    with triton_interpret(), mock.patch.object(RowLinear, 'kernel', 'slots'), \
+            mock.patch.object(generate, 'row_gemv', wraps=generate.row_gemv) as rows:
         g = Generator(m, max_len=32, compile=False)
         g.step_model = row_linears(m)   # as on CUDA: the one-row linears through `row_gemv` too
         assert g.generate(prompts, max_new=5) == ref

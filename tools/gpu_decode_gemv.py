@@ -13,14 +13,14 @@ from apex3.records import append_records
 
 def variant(model, cfg, B, moe, row):
     "One decode step of `model` at batch `B` with the slots kernel on or off for the MoE and the attention's linears."
-    kernel_triton, RowLinear.kernel = gemv.triton, row
+    kernel_triton, row_kernel, RowLinear.kernel = gemv.triton, RowLinear.kernel, row
     if moe == 'off': gemv.triton = None            # gemv_ok says no: the step compiles as it did without the kernel
     try:
         torch._dynamo.reset()
         torch.manual_seed(1)
         g = Generator(model, max_len=128, max_batch=B)
         fig = time_step(g, torch.randint(1, cfg.eos_id, (B, 64)).tolist())
-    finally: gemv.triton, RowLinear.kernel = kernel_triton, 'slots'
+    finally: gemv.triton, RowLinear.kernel = kernel_triton, row_kernel
     k = fig['kernels']
     rec = dict(kind='decode_kernels', config='C', batch=B, on='cuda', dtype='bfloat16', launch='cudagraphs',
                moe_kernel=moe, row_kernel=row if moe != 'off' else 'inductor', warmup_s=fig['warmup_s'],

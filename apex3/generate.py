@@ -4,12 +4,12 @@
 
 # %% auto #0
 __all__ = ['GATHER_TOKENS', 'grouped_experts', 'RECORDS_FILE', 'STEP_GRAPHS', 'HBM_BYTES_PER_S', 'METHODS', 'CPU_RUNS',
-           'StaticCache', 'query_doc_starts', 'CachedAttention', 'int8_rows', 'mul_sum_linear', 'RowLinear',
-           'swap_linears', 'row_linears', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'chosen_experts', 'moe_infer',
-           'copied_experts', 'bench_eager_experts', 'bench_moe_decode', 'cached_hidden', 'next_doc', 'Sampling',
-           'filter_logits', 'sample_next', 'Stopper', 'head_logits', 'decode_step', 'compiled_step', 'Generator',
-           'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode', 'bench_generate',
-           'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
+           'StaticCache', 'query_doc_starts', 'CachedAttention', 'int8_rows', 'RowLinear', 'swap_linears',
+           'row_linears', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'moe_infer', 'copied_experts',
+           'bench_eager_experts', 'bench_moe_decode', 'cached_hidden', 'next_doc', 'Sampling', 'filter_logits',
+           'sample_next', 'Stopper', 'head_logits', 'decode_step', 'compiled_step', 'Generator', 'doc_start', 'Session',
+           'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode', 'bench_generate', 'decode_table',
+           'plot_decode', 'copy_bandwidth', 'profile_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
 import copy, functools, logging, math, time
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
 from .model import Transformer, Experts, route, expert_counts, swiglu, rope_cos_sin, generate
 from .config import get_config, param_components
-from .gemv import gemv_ok, moe_gemv, row_gemv
+from .gemv import chosen_experts, gemv_ok, moe_gemv, mul_sum_linear, row_gemv, stored_linear
 from .records import append_records, load_records, time_fn
 from .usage import UsageError
 
@@ -69,23 +69,10 @@ class CachedAttention:
         return o.reshape(B, T, H, D).to(q.dtype)
 
 # %% ../nbs/11_generate.ipynb #7629b77b
-def _scaled(w, scale, e):
-    "Expert `e`'s weight rows as a view in their stored dtype, and their scale (None unless int8)."
-    return w[e], None if scale is None else scale[e]
-
-def _linear(x, w, scale):
-    "`x @ w.T` for a stored weight (int8 times its row scales, or float)."
-    y = F.linear(x, w.to(x.dtype))
-    return y if scale is None else y * scale.to(y.dtype)
-
 def int8_rows(w):
     "Symmetric int8 of `w` [..., N, K], one fp32 scale per row (output channel): (q int8 [..., N, K], scale [..., N])."
     s = w.detach().float().abs().amax(-1).clamp_min(1e-12) / 127
     return (w.detach().float() / s[..., None]).round().clamp(-127, 127).to(torch.int8), s
-
-def mul_sum_linear(x, w):
-    "`x @ w.T`; compiled, a multiply-and-sum that inductor fuses with its neighbours (a matmul is a call of its own)."
-    return (x[..., None, :] * w).sum(-1) if torch.compiler.is_compiling() else F.linear(x, w)
 
 class RowLinear(nn.Module):
     """A bias-free linear on `lin`'s own weight (nothing copied); for one row, compiled as `mul_sum_linear`, or as
@@ -129,7 +116,7 @@ class Int8Linear(nn.Module):
     def forward(self, x):
         if torch.compiler.is_compiling():   # inductor fuses int8 -> fp32 into the reduction: only int8 bytes are read
             return ((self.weight.float() * x[..., None, :].float()).sum(-1) * self.scale).to(x.dtype)
-        return _linear(x, self.weight, self.scale)
+        return stored_linear(x, self.weight, self.scale)
 
 class Int8Experts(nn.Module):
     "`Experts`' stacked weights in int8 with per-row scales (`s_gate_up` [E, 2F], `s_down` [E, d])."
@@ -152,27 +139,6 @@ def quantize_int8(model):
 # up to this many tokens, MoE multiplies each token's chosen experts on their own; beyond, `grouped_experts`
 # (where they meet on one layer of `small` on CPU with 2 threads in fp32, `bench_moe_decode`; bf16 gathers faster still)
 GATHER_TOKENS = 8
-
-def chosen_experts(experts, x, idx, gates):
-    "Routed output for a few tokens `x` [N, d]: each token's `k` chosen experts' weights read, and only theirs."
-    s1, s2 = getattr(experts, 's_gate_up', None), getattr(experts, 's_down', None)   # row scales of int8 experts
-    if torch.compiler.is_compiling():   # multiply-and-sum: inductor fuses the indexing into the sums, nothing is copied
-        w1, w2 = experts.w_gate_up[idx], experts.w_down[idx]                   # [N, k, 2F, d], [N, k, d, F]
-        dt = torch.float32 if w1.dtype == torch.int8 else w1.dtype
-        h = (w1.to(dt) * x[:, None, None, :].to(dt)).sum(-1)                   # [N, k, 2F]
-        if s1 is not None: h = h * s1[idx]
-        s = swiglu(h) * gates[..., None].to(h.dtype)
-        y = (w2.to(dt) * s[:, :, None, :]).sum(-1)                             # [N, k, d]
-        if s2 is not None: y = y * s2[idx]
-        return y.sum(1).to(x.dtype)
-    # eager: each chosen expert once, from views of its weights, on the tokens that chose it
-    out = torch.zeros_like(x)
-    for e in idx.unique().tolist():
-        n, j = (idx == e).nonzero(as_tuple=True)
-        h = _linear(x[n], *_scaled(experts.w_gate_up, s1, e))
-        s = swiglu(h) * gates[n, j, None].to(h.dtype)
-        out.index_add_(0, n, _linear(s, *_scaled(experts.w_down, s2, e)).to(x.dtype))
-    return out
 
 def _grouped_experts(x: torch.Tensor, idx: torch.Tensor, gates: torch.Tensor, w_gate_up: torch.Tensor,
                      w_down: torch.Tensor) -> torch.Tensor:

@@ -117,13 +117,13 @@ def _launch(use, x, w, ws, scores, bias, out, route_scale, top_k, swiglu, x_per_
 def _moe_gemv(x: torch.Tensor, scores: torch.Tensor, bias: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
               shared_gate_up: Optional[torch.Tensor], shared_down: Optional[torch.Tensor], top_k: int,
               route_scale: float) -> torch.Tensor:
-    x, scores = x.contiguous(), scores.float().contiguous()
+    x, scores, bias = x.contiguous(), scores.float().contiguous(), bias.float()
     N, D = x.shape
     S = top_k + (shared_gate_up is not None)
     a = x.new_empty(N, S, w_down.shape[-1])
-    _launch('up', x, w_gate_up, shared_gate_up, scores, bias.float(), a, route_scale, top_k, True, False)
+    _launch('up', x, w_gate_up, shared_gate_up, scores, bias, a, route_scale, top_k, True, False)
     y = x.new_empty(N, S, D, dtype=torch.float32)
-    _launch('down', a, w_down, shared_down, scores, bias.float(), y, 1.0, top_k, False, True)
+    _launch('down', a, w_down, shared_down, scores, bias, y, 1.0, top_k, False, True)
     return y
 
 def _row_gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -210,8 +210,7 @@ def bench_gemv(config='C', tokens=(1, 8), up_blocks=UP_BLOCKS, down_blocks=DOWN_
     recs, k = [], cfg.top_k
     for N in tokens:
         x = torch.randn(N, cfg.d_model, device=device, dtype=torch.bfloat16)
-        scores = (x.float() @ router.float().T).sigmoid()
-        chosen = len(((scores + bias).topk(k, -1).indices).unique())
+        chosen = route(x, router, bias, k)[1].unique().numel()   # distinct experts the tokens choose
         nbytes = (ws[0].w_gate_up[0].nbytes + ws[0].w_down[0].nbytes) * chosen + ws[1].nbytes + ws[2].nbytes
         ref = _inductor_moe(x, router, bias, *ws, k, cfg.route_scale).float()
         args = (x, router, bias, *ws, k, cfg.route_scale)
@@ -219,8 +218,7 @@ def bench_gemv(config='C', tokens=(1, 8), up_blocks=UP_BLOCKS, down_blocks=DOWN_
                 ('slots-compiled', BLOCKS['up'], BLOCKS['down'], lambda: slots(*args))]
         for up in up_blocks:
             for down in down_blocks[:1] if up != up_blocks[0] else down_blocks:   # the down sweep at the first up
-                runs.append(('slots', up, down, functools.partial(_tiled, up, down, x, router, bias, *ws, k,
-                                                                  cfg.route_scale)))
+                runs.append(('slots', up, down, functools.partial(_tiled, up, down, *args)))
         for impl, up, down, fn in runs:
             err = _rel_err(fn().float(), ref)
             s = graph_seconds(fn)

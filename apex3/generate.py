@@ -170,7 +170,7 @@ def moe_infer(moe, x):
     ex, sh = moe.experts, moe.shared
     # a few float tokens on CUDA: chapter 10a_gemv's kernel, which routes by `scores` itself (idx, gates unused)
     slots = few and gemv_ok(flat, ex.w_gate_up, ex.w_down)
-    with_shared = slots and sh is not None and gemv_ok(flat, sh.w_down.weight) and \
+    with_shared = slots and sh is not None and gemv_ok(flat, sh.w_gate_up.weight, sh.w_down.weight) and \
         sh.w_down.weight.shape == ex.w_down.shape[1:]                     # the shared expert as one more slot
     if slots:
         shared = (sh.w_gate_up.weight, sh.w_down.weight) if with_shared else (None, None)

@@ -5,27 +5,8 @@ as in a decode step's graph). A decode step of C at batch 1 reads its weights in
 usage (GPU host, repo root, after `source tools/gpu_env.sh`): python3 tools/gpu_gemv_sweep.py OUT.jsonl"""
 import sys
 import torch, torch.nn.functional as F
-from apex3.gemv import mul_sum_linear
+from apex3.gemv import graph_seconds, mul_sum_linear
 from apex3.records import append_records
-
-def per_call_s(fn, calls=100):
-    "Seconds per call of `fn`: `calls` calls captured in one CUDA graph, replayed (no launch costs), median of 5."
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3): fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls): fn()
-    ts = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3 / calls)
-    return sorted(ts)[2]
 
 def main(path, d=2560):
     mul_sum = torch.compile(mul_sum_linear, dynamic=False)   # the decode step's one-row linear, compiled
@@ -34,7 +15,7 @@ def main(path, d=2560):
         w = torch.randn(n, d, device='cuda', dtype=torch.bfloat16)
         x = torch.randn(1, d, device='cuda', dtype=torch.bfloat16)
         for impl, fn in (('cublas', lambda: F.linear(x, w)), ('inductor', lambda: mul_sum(x, w))):
-            s = per_call_s(fn)
+            s = graph_seconds(fn, calls=100)
             recs.append(dict(kind='gemv_sweep', impl=impl, rows=n, cols=d, dtype='bfloat16', weight_bytes=w.nbytes,
                              seconds=s, bytes_per_s=w.nbytes / s))
             print(f'{impl:9s} {w.nbytes / 2**20:8.1f} MiB {s * 1e6:8.2f} us {w.nbytes / s / 1e12:5.2f} TB/s',

@@ -6,10 +6,10 @@
 __all__ = ['GATHER_TOKENS', 'grouped_experts', 'RECORDS_FILE', 'STEP_GRAPHS', 'HBM_BYTES_PER_S', 'METHODS', 'CPU_RUNS',
            'StaticCache', 'query_doc_starts', 'CachedAttention', 'int8_rows', 'RowLinear', 'swap_linears',
            'row_linears', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'moe_infer', 'copied_experts',
-           'bench_eager_experts', 'bench_moe_decode', 'cached_hidden', 'next_doc', 'Sampling', 'filter_logits',
-           'sample_next', 'Stopper', 'head_logits', 'decode_step', 'compiled_step', 'Generator', 'doc_start', 'Session',
-           'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode', 'bench_generate', 'decode_table',
-           'plot_decode', 'copy_bandwidth', 'profile_decode']
+           'bench_eager_experts', 'bench_moe_decode', 'attn_infer', 'cached_hidden', 'next_doc', 'Sampling',
+           'filter_logits', 'sample_next', 'Stopper', 'head_logits', 'decode_step', 'compiled_step', 'Generator',
+           'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode', 'bench_generate',
+           'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
 import copy, functools, logging, math, time
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
 from .model import Transformer, Experts, route, expert_counts, swiglu, rope_cos_sin, generate
 from .config import get_config, param_components
+from .decode_attention import decode_attention
 from .gemv import chosen_experts, gemv_ok, moe_gemv, mul_sum_linear, row_gemv, stored_linear
 from .records import append_records, load_records, time_fn
 from .usage import UsageError
@@ -45,6 +46,9 @@ def query_doc_starts(tokens, pos, doc, eos_id):
 
 class CachedAttention:
     "`Attention.forward`'s `cache`: write this chunk's k, v at its positions, then attend to the row's past."
+    # 'triton': one new token a row, where Triton runs, `attn_infer` calls chapter 10b's kernel instead
+    kernel = 'triton'
+
     def __init__(self, cache, pos, qdoc): self.cache, self.pos, self.qdoc = cache, pos, qdoc
 
     def attend(self, layer, q, k, v):
@@ -235,6 +239,18 @@ def bench_moe_decode(config='small', tokens=(1, 2, 4, 8, 16), dtypes=(torch.floa
     return recs
 
 # %% ../nbs/11_generate.ipynb #d313b401
+def attn_infer(attn, x, rope, view):
+    "An `Attention` layer's output [B, T, d] for `x` against `view`'s cache; one token a row: one kernel where it runs."
+    B, T, _ = x.shape
+    cache, H, Hkv, D = view.cache, attn.n_heads, attn.n_kv_heads, attn.head_dim
+    if T > 1 or view.kernel != 'triton' or not gemv_ok(x, cache.k, cache.v): return attn(x, rope, None, view)
+    q, k, v = attn.wq(x).view(B, H, D), attn.wk(x).view(B, Hkv, D), attn.wv(x).view(B, Hkv, D)
+    gains = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
+    eps = attn.q_norm.eps if attn.qk_norm else 0.
+    o = decode_attention(q, k, v, *gains, rope[0][:, 0], rope[1][:, 0], cache.k, cache.v, attn.layer_idx,
+                         view.pos[:, 0], view.qdoc[:, 0], eps)
+    return attn.wo(o.view(B, 1, H * D))
+
 def cached_hidden(model, cache, tokens, start, doc):
     "Final-norm hidden states [B, T, d] of `tokens` [B, T] at positions `start[b] + t`, extending cache rows 0..B-1."
     B, T = tokens.shape
@@ -243,7 +259,7 @@ def cached_hidden(model, cache, tokens, start, doc):
     view = CachedAttention(cache, pos, query_doc_starts(tokens, pos, doc, cache.eos_id))
     x = model.tok_emb(tokens)
     for layer in model.layers:
-        x = x + layer.attn(layer.attn_norm(x), rope, None, view)
+        x = x + attn_infer(layer.attn, layer.attn_norm(x), rope, view)
         x = x + moe_infer(layer.moe, layer.moe_norm(x))
     return model.norm(x)
 

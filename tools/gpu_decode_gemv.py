@@ -1,37 +1,42 @@
 """Decode speed of C with chapter 10a_gemv's slots kernel: its benchmark against inductor (`bench_gemv`), then a decode
-step of C in bf16 per variant BATCH:MOE:ROW (MOE `slots` or `off`, the attention's one-row linears `slots` or
-`inductor`), each appended as a `decode_kernels` record as it finishes.
-usage (GPU host, repo root, after `source tools/gpu_env.sh`): python3 tools/gpu_decode_gemv.py OUT.jsonl [bench] VARIANT..."""
+step of C in bf16 per variant BATCH:MOE:ROW[:ATTN] (MOE `slots` or `off`, the attention's one-row linears `slots` or
+`inductor`, the attention between them chapter 10b's kernel `triton` (default) or `inductor`), each appended as a
+`decode_kernels` record as it finishes, with its logits against the first variant's of its batch.
+usage (GPU host, repo root, after `source tools/gpu_env.sh`):
+  python3 tools/gpu_decode_gemv.py OUT.jsonl [bench] VARIANT..."""
 import sys
 import torch
 sys.path.insert(0, 'tools')
 from gpu_decode_profile import time_step
 import apex3.gemv as gemv
 from apex3.config import get_config
-from apex3.generate import Generator, RowLinear, build_model, decode_bytes, HBM_BYTES_PER_S
+from apex3.generate import CachedAttention, Generator, RowLinear, build_model, decode_bytes, HBM_BYTES_PER_S
 from apex3.records import append_records
 
-def variant(model, cfg, B, moe, row):
-    "One decode step of `model` at batch `B` with the slots kernel on or off for the MoE and the attention's linears."
-    kernel_triton, row_kernel, RowLinear.kernel = gemv.triton, RowLinear.kernel, row
+def variant(model, cfg, B, moe, row, attn='triton'):
+    "One decode step of `model` at batch `B` with each kernel on or off: the MoE's, the attention's linears', its own."
+    kernel_triton, row_kernel, attn_kernel = gemv.triton, RowLinear.kernel, CachedAttention.kernel
+    RowLinear.kernel, CachedAttention.kernel = row, attn
     if moe == 'off': gemv.triton = None            # gemv_ok says no: the step compiles as it did without the kernel
     try:
         torch._dynamo.reset()
         torch.manual_seed(1)
         g = Generator(model, max_len=128, max_batch=B)
         fig = time_step(g, torch.randint(1, cfg.eos_id, (B, 64)).tolist())
-    finally: gemv.triton, RowLinear.kernel = kernel_triton, row_kernel
+    finally: gemv.triton, RowLinear.kernel, CachedAttention.kernel = kernel_triton, row_kernel, attn_kernel
     k = fig['kernels']
     rec = dict(kind='decode_kernels', config='C', batch=B, on='cuda', dtype='bfloat16', launch='cudagraphs',
-               moe_kernel=moe, row_kernel=row if moe != 'off' else 'inductor', warmup_s=fig['warmup_s'],
+               moe_kernel=moe, row_kernel=row if moe != 'off' else 'inductor', attn_kernel=attn,
+               warmup_s=fig['warmup_s'],
                step_s=fig['step_s'], bound_step_s=decode_bytes(cfg, B, 64) / HBM_BYTES_PER_S,
                kernels_per_step=k['kernels_per_step'], device_s_per_step=k['device_s_per_step'],
                top_kernels=str(k['top'][:20]), blocks=str(gemv.BLOCKS), source='tools/gpu_decode_gemv.py')
-    print(f"B={B} moe={moe} row={row}: step {rec['step_s'] * 1e3:.3f} ms bound {rec['bound_step_s'] * 1e3:.3f} ms "
+    print(f"B={B} moe={moe} row={row} attn={attn}: step {rec['step_s'] * 1e3:.3f} ms "
+          f"bound {rec['bound_step_s'] * 1e3:.3f} ms "
           f"({rec['bound_step_s'] / rec['step_s']:.3f}) kernels {rec['kernels_per_step']:.0f} "
           f"device {rec['device_s_per_step'] * 1e3:.3f} ms warm-up {rec['warmup_s']:.0f} s", flush=True)
     for t in k['top'][:14]: print('   ', t, flush=True)
-    return rec
+    return rec, fig['logits']
 
 def main(out, *args):
     if 'bench' in args: gemv.bench_gemv(path=out)
@@ -40,6 +45,14 @@ def main(out, *args):
     cfg = get_config('C')
     torch.manual_seed(0)
     model = build_model(cfg, 'cuda', torch.bfloat16)
-    for B, moe, row in runs: append_records([variant(model, cfg, int(B), moe, row)], out)
+    first = {}   # batch -> the first variant's logits
+    for B, *kernels in runs:
+        rec, logits = variant(model, cfg, int(B), *kernels)
+        ref = first.setdefault(B, logits)
+        rec.update(logits_rel_err=((logits - ref).norm() / ref.norm()).item(),
+                   same_argmax=(logits.argmax(-1) == ref.argmax(-1)).float().mean().item())
+        print(f"   logits against the batch's first variant: rel err {rec['logits_rel_err']:.1e}, "
+              f"same argmax {rec['same_argmax']:.0%}", flush=True)
+        append_records([rec], out)
 
 if __name__ == '__main__': main(*sys.argv[1:])

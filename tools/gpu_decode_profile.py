@@ -43,14 +43,15 @@ def kernel_table(step, steps=10, top=25):
 
 @torch.no_grad()
 def time_step(g, rows):
-    "A `Generator`'s decode step after prefilling `rows`: seconds to warm up (compile), one step, its kernel table."
+    "A `Generator`'s decode step after prefilling `rows`: seconds to warm up (compile), one step, kernels, logits."
     logits, pos, doc = g.prefill(rows)
     tok = logits.argmax(-1)
     step = lambda: g.step(tok, pos, doc)
     t0 = time.perf_counter()
     for _ in range(3): step()
     torch.cuda.synchronize()
-    return dict(warmup_s=time.perf_counter() - t0, step_s=step_seconds(step), kernels=kernel_table(step))
+    warmup_s, logits = time.perf_counter() - t0, step().float().clone()   # a graph's output is its next replay's
+    return dict(warmup_s=warmup_s, step_s=step_seconds(step), kernels=kernel_table(step), logits=logits)
 
 
 def profile_batch(model, cfg, B, context=64):

@@ -23,35 +23,35 @@ def attention_kernel(interpret=False):
                layer, eps, scale, QK_NORM: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                ROWS: tl.constexpr, S: tl.constexpr, G: tl.constexpr, GB: tl.constexpr, BS: tl.constexpr):
         b, h = tl.program_id(0), tl.program_id(1)
-        half, d, g = tl.arange(0, D // 2), tl.arange(0, D), tl.arange(0, GB)
-        dt, cdt = k_ptr.dtype.element_ty, kc_ptr.dtype.element_ty
-        cos = tl.load(cos_ptr + b * (D // 2) + half)[None, :]
-        sin = tl.load(sin_ptr + b * (D // 2) + half)[None, :]
-        # the new key as one row [1, D/2] per half, the group's queries [GB, D/2]: norm, rotate, round as torch does
-        at_k = (b * HKV + h) * D
-        k1 = tl.load(k_ptr + at_k + half)[None, :].to(tl.float32)
-        k2 = tl.load(k_ptr + at_k + D // 2 + half)[None, :].to(tl.float32)
-        at_q = (b * H + h * G + g[:, None]) * D
-        q1 = tl.load(q_ptr + at_q + half[None, :], mask=g[:, None] < G, other=0.).to(tl.float32)
-        q2 = tl.load(q_ptr + at_q + D // 2 + half[None, :], mask=g[:, None] < G, other=0.).to(tl.float32)
+        lo, hi, d, g = tl.arange(0, D // 2), D // 2 + tl.arange(0, D // 2), tl.arange(0, D), tl.arange(0, GB)
+        cos = tl.load(cos_ptr + b * (D // 2) + lo)[None, :]
+        sin = tl.load(sin_ptr + b * (D // 2) + lo)[None, :]
+        # the new key [1, D/2] and the group's queries [GB, D/2], each as two halves: normed, rotated, rounded as in
+        # torch (the model's dtype after the norm and after RoPE; the key then in the cache's)
+        at_k, at_q = (b * HKV + h) * D, (b * H + h * G + g[:, None]) * D
+        k1, k2 = tl.load(k_ptr + at_k + lo)[None, :].to(tl.float32), tl.load(k_ptr + at_k + hi)[None, :].to(tl.float32)
+        q1 = tl.load(q_ptr + at_q + lo[None, :], mask=g[:, None] < G, other=0.).to(tl.float32)
+        q2 = tl.load(q_ptr + at_q + hi[None, :], mask=g[:, None] < G, other=0.).to(tl.float32)
         if QK_NORM:
             rk = tl.rsqrt((tl.reduce(k1 * k1, 1, _add_combine) + tl.reduce(k2 * k2, 1, _add_combine)) / D + eps)
-            k1 = (k1 * rk[:, None] * tl.load(kw_ptr + half)[None, :].to(tl.float32)).to(dt).to(tl.float32)
-            k2 = (k2 * rk[:, None] * tl.load(kw_ptr + D // 2 + half)[None, :].to(tl.float32)).to(dt).to(tl.float32)
             rq = tl.rsqrt((tl.reduce(q1 * q1, 1, _add_combine) + tl.reduce(q2 * q2, 1, _add_combine)) / D + eps)
-            q1 = (q1 * rq[:, None] * tl.load(qw_ptr + half)[None, :].to(tl.float32)).to(dt).to(tl.float32)
-            q2 = (q2 * rq[:, None] * tl.load(qw_ptr + D // 2 + half)[None, :].to(tl.float32)).to(dt).to(tl.float32)
-        k1, k2 = (k1 * cos - k2 * sin).to(dt).to(cdt), (k1 * sin + k2 * cos).to(dt).to(cdt)
-        q1, q2 = (q1 * cos - q2 * sin).to(dt).to(tl.float32), (q1 * sin + q2 * cos).to(dt).to(tl.float32)
-        v = tl.load(v_ptr + at_k + d)[None, :].to(cdt)
+            k1 = (k1 * rk[:, None] * tl.load(kw_ptr + lo)[None, :].to(tl.float32)).to(k_ptr.dtype.element_ty)
+            k2 = (k2 * rk[:, None] * tl.load(kw_ptr + hi)[None, :].to(tl.float32)).to(k_ptr.dtype.element_ty)
+            q1 = (q1 * rq[:, None] * tl.load(qw_ptr + lo)[None, :].to(tl.float32)).to(q_ptr.dtype.element_ty)
+            q2 = (q2 * rq[:, None] * tl.load(qw_ptr + hi)[None, :].to(tl.float32)).to(q_ptr.dtype.element_ty)
+            k1, k2, q1, q2 = k1.to(tl.float32), k2.to(tl.float32), q1.to(tl.float32), q2.to(tl.float32)
+        k1, k2 = (k1 * cos - k2 * sin).to(k_ptr.dtype.element_ty), (k1 * sin + k2 * cos).to(k_ptr.dtype.element_ty)
+        q1, q2 = (q1 * cos - q2 * sin).to(q_ptr.dtype.element_ty), (q1 * sin + q2 * cos).to(q_ptr.dtype.element_ty)
+        k1, k2 = k1.to(kc_ptr.dtype.element_ty), k2.to(kc_ptr.dtype.element_ty)
+        v = tl.load(v_ptr + at_k + d)[None, :].to(vc_ptr.dtype.element_ty)
         # the new key and value into the cache at the row's position
         pos, doc = tl.load(pos_ptr + b), tl.load(doc_ptr + b)
         row = ((layer * ROWS + b) * HKV + h).to(tl.int64) * (S * D)
-        tl.store(kc_ptr + row + pos * D + half[None, :], k1)
-        tl.store(kc_ptr + row + pos * D + D // 2 + half[None, :], k2)
+        tl.store(kc_ptr + row + pos * D + lo[None, :], k1)
+        tl.store(kc_ptr + row + pos * D + hi[None, :], k2)
         tl.store(vc_ptr + row + pos * D + d[None, :], v)
         # softmax over the row's document so far: the new token first (never masked: the running max stays finite)
-        k1, k2 = k1.to(tl.float32), k2.to(tl.float32)
+        k1, k2, q1, q2 = k1.to(tl.float32), k2.to(tl.float32), q1.to(tl.float32), q2.to(tl.float32)
         m = (tl.reduce(q1 * k1, 1, _add_combine) + tl.reduce(q2 * k2, 1, _add_combine)) * scale
         l = tl.full([GB], 1., tl.float32)
         acc = tl.full([GB, D], 0., tl.float32) + v.to(tl.float32)
@@ -59,14 +59,13 @@ def attention_kernel(interpret=False):
             offs = s0 + tl.arange(0, BS)
             ok = (offs >= doc) & (offs < pos)
             at = row + offs[:, None] * D
-            kb1 = tl.load(kc_ptr + at + half[None, :], mask=ok[:, None], other=0.).to(tl.float32)
-            kb2 = tl.load(kc_ptr + at + D // 2 + half[None, :], mask=ok[:, None], other=0.).to(tl.float32)
+            kb1 = tl.load(kc_ptr + at + lo[None, :], mask=ok[:, None], other=0.).to(tl.float32)
+            kb2 = tl.load(kc_ptr + at + hi[None, :], mask=ok[:, None], other=0.).to(tl.float32)
             sc = (tl.reduce(q1[:, None, :] * kb1[None, :, :], 2, _add_combine)
                   + tl.reduce(q2[:, None, :] * kb2[None, :, :], 2, _add_combine)) * scale
             sc = tl.where(ok[None, :], sc, float('-inf'))
             m_new = tl.maximum(m, tl.reduce(sc, 1, _max_combine))
-            p = tl.exp(sc - m_new[:, None])
-            alpha = tl.exp(m - m_new)
+            p, alpha = tl.exp(sc - m_new[:, None]), tl.exp(m - m_new)
             vb = tl.load(vc_ptr + at + d[None, :], mask=ok[:, None], other=0.).to(tl.float32)
             l = l * alpha + tl.reduce(p, 1, _add_combine)
             acc = acc * alpha[:, None] + tl.reduce(p[:, :, None] * vb[None, :, :], 1, _add_combine)

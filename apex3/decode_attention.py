@@ -33,8 +33,11 @@ def attention_kernel(interpret=False):
         q1 = tl.load(q_ptr + at_q + lo[None, :], mask=g[:, None] < G, other=0.).to(tl.float32)
         q2 = tl.load(q_ptr + at_q + hi[None, :], mask=g[:, None] < G, other=0.).to(tl.float32)
         if QK_NORM:
-            rk = tl.rsqrt((tl.reduce(k1 * k1, 1, _add_combine) + tl.reduce(k2 * k2, 1, _add_combine)) / D + eps)
-            rq = tl.rsqrt((tl.reduce(q1 * q1, 1, _add_combine) + tl.reduce(q2 * q2, 1, _add_combine)) / D + eps)
+            # fp32 throughout: compiled, inductor may pass `eps` and `scale` as doubles
+            rk = tl.rsqrt(((tl.reduce(k1 * k1, 1, _add_combine) + tl.reduce(k2 * k2, 1, _add_combine)) / D + eps)
+                          .to(tl.float32))
+            rq = tl.rsqrt(((tl.reduce(q1 * q1, 1, _add_combine) + tl.reduce(q2 * q2, 1, _add_combine)) / D + eps)
+                          .to(tl.float32))
             k1 = (k1 * rk[:, None] * tl.load(kw_ptr + lo)[None, :].to(tl.float32)).to(k_ptr.dtype.element_ty)
             k2 = (k2 * rk[:, None] * tl.load(kw_ptr + hi)[None, :].to(tl.float32)).to(k_ptr.dtype.element_ty)
             q1 = (q1 * rq[:, None] * tl.load(qw_ptr + lo)[None, :].to(tl.float32)).to(q_ptr.dtype.element_ty)
@@ -52,7 +55,7 @@ def attention_kernel(interpret=False):
         tl.store(vc_ptr + row + pos * D + d[None, :], v)
         # softmax over the row's document so far: the new token first (never masked: the running max stays finite)
         k1, k2, q1, q2 = k1.to(tl.float32), k2.to(tl.float32), q1.to(tl.float32), q2.to(tl.float32)
-        m = (tl.reduce(q1 * k1, 1, _add_combine) + tl.reduce(q2 * k2, 1, _add_combine)) * scale
+        m = ((tl.reduce(q1 * k1, 1, _add_combine) + tl.reduce(q2 * k2, 1, _add_combine)) * scale).to(tl.float32)
         l = tl.full([GB], 1., tl.float32)
         acc = tl.full([GB, D], 0., tl.float32) + v.to(tl.float32)
         for s0 in range((doc // BS) * BS, pos, BS):
@@ -61,8 +64,8 @@ def attention_kernel(interpret=False):
             at = row + offs[:, None] * D
             kb1 = tl.load(kc_ptr + at + lo[None, :], mask=ok[:, None], other=0.).to(tl.float32)
             kb2 = tl.load(kc_ptr + at + hi[None, :], mask=ok[:, None], other=0.).to(tl.float32)
-            sc = (tl.reduce(q1[:, None, :] * kb1[None, :, :], 2, _add_combine)
-                  + tl.reduce(q2[:, None, :] * kb2[None, :, :], 2, _add_combine)) * scale
+            sc = ((tl.reduce(q1[:, None, :] * kb1[None, :, :], 2, _add_combine)
+                  + tl.reduce(q2[:, None, :] * kb2[None, :, :], 2, _add_combine)) * scale).to(tl.float32)
             sc = tl.where(ok[None, :], sc, float('-inf'))
             m_new = tl.maximum(m, tl.reduce(sc, 1, _max_combine))
             p, alpha = tl.exp(sc - m_new[:, None]), tl.exp(m - m_new)

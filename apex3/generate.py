@@ -46,8 +46,10 @@ def query_doc_starts(tokens, pos, doc, eos_id):
 
 class CachedAttention:
     "`Attention.forward`'s `cache`: write this chunk's k, v at its positions, then attend to the row's past."
-    # 'triton': one new token a row, where Triton runs, `attn_infer` calls chapter 10b's kernel instead
-    kernel = 'triton'
+    # 'triton': one new token a row, where Triton runs, `attn_infer` calls chapter 10b's kernel instead. Off: in C's
+    # batch-1 step it saves 112 kernels but takes 18 us a layer, 3.84 ms a step against 3.46 ms (one run on the H200,
+    # records/generate.jsonl `decode_kernels` with `attn_kernel`)
+    kernel = 'inductor'
 
     def __init__(self, cache, pos, qdoc): self.cache, self.pos, self.qdoc = cache, pos, qdoc
 

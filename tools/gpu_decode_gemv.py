@@ -1,6 +1,6 @@
 """Decode speed of C with chapter 10a_gemv's slots kernel: its benchmark against inductor (`bench_gemv`), then a decode
 step of C in bf16 per variant BATCH:MOE:ROW[:ATTN] (MOE `slots` or `off`, the attention's one-row linears `slots` or
-`inductor`, the attention between them chapter 10b's kernel `triton` (default) or `inductor`), each appended as a
+`inductor`, the attention between them chapter 10b's kernel `triton` or `inductor`, by default generate's), each appended as a
 `decode_kernels` record as it finishes, with its logits against the first variant's of its batch.
 usage (GPU host, repo root, after `source tools/gpu_env.sh`):
   python3 tools/gpu_decode_gemv.py OUT.jsonl [bench] VARIANT..."""
@@ -13,7 +13,7 @@ from apex3.config import get_config
 from apex3.generate import CachedAttention, Generator, RowLinear, build_model, decode_bytes, HBM_BYTES_PER_S
 from apex3.records import append_records
 
-def variant(model, cfg, B, moe, row, attn='triton'):
+def variant(model, cfg, B, moe, row, attn=CachedAttention.kernel):
     "One decode step of `model` at batch `B` with each kernel on or off: the MoE's, the attention's linears', its own."
     kernel_triton, row_kernel, attn_kernel = gemv.triton, RowLinear.kernel, CachedAttention.kernel
     RowLinear.kernel, CachedAttention.kernel = row, attn
@@ -49,7 +49,7 @@ def main(out, *args):
     for B, *kernels in runs:
         rec, logits = variant(model, cfg, int(B), *kernels)
         ref = first.setdefault(B, logits)
-        rec.update(logits_rel_err=((logits - ref).norm() / ref.norm()).item(),
+        rec.update(logits_rel_err=gemv._rel_err(logits, ref),
                    same_argmax=(logits.argmax(-1) == ref.argmax(-1)).float().mean().item())
         print(f"   logits against the batch's first variant: rel err {rec['logits_rel_err']:.1e}, "
               f"same argmax {rec['same_argmax']:.0%}", flush=True)

@@ -7,9 +7,9 @@ __all__ = ['GATHER_TOKENS', 'grouped_experts', 'RECORDS_FILE', 'STEP_GRAPHS', 'H
            'StaticCache', 'query_doc_starts', 'CachedAttention', 'int8_rows', 'RowLinear', 'swap_linears',
            'row_linears', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'moe_infer', 'copied_experts',
            'bench_eager_experts', 'bench_moe_decode', 'attn_infer', 'cached_hidden', 'next_doc', 'Sampling',
-           'filter_logits', 'sample_next', 'Stopper', 'head_logits', 'decode_step', 'compiled_step', 'Generator',
-           'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode', 'bench_generate',
-           'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
+           'filter_logits', 'sample_next', 'Stopper', 'head_logits', 'decode_step', 'compiled_step', 'record_graph',
+           'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode',
+           'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
 import copy, functools, logging, math, time
@@ -337,16 +337,35 @@ def decode_step(model, cache, tokens, pos, doc):
 STEP_GRAPHS = 64
 
 @functools.cache
-def compiled_step(compile, device_type):
-    "`decode_step` compiled once per process: `compile` is True (inductor; CUDA graphs on CUDA) or a dynamo backend."
+def compiled_step(compile, device_type, trees=False):
+    """`decode_step` compiled once per process: `compile` is True (inductor) or a dynamo backend; `trees`: inductor's
+    own CUDA graphs (`mode='reduce-overhead'`), for comparison with `Generator`'s graph of the whole step."""
     # model and cache are inputs: Generators of equal shapes share one graph; dynamic=False: one graph per shape.
     # On CPU the graph's wrapper is C++: about a millisecond less a step of `small` than Python's (same process, A/B)
-    native = dict(mode='reduce-overhead') if device_type == 'cuda' else dict(options={'cpp_wrapper': True})
+    native = dict(options={'cpp_wrapper': True}) if device_type == 'cpu' else dict(mode='reduce-overhead') if trees \
+        else {}
     opts = native if compile is True else dict(backend=compile)
     return torch.compile(decode_step, fullgraph=True, dynamic=False, **opts)
 
+def record_graph(fn, *args):
+    """`fn(*args)` recorded as a CUDA graph: (graph, the static copies of `args` it reads, its output). Two warm-up
+    calls first (they compile); they must be idempotent, as a decode step is: it rewrites its own cache slots."""
+    ins = [a.clone() for a in args]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2): fn(*ins)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g): out = fn(*ins)
+    return g, ins, out
+
 class Generator:
     "Decoding for an apex3 `Transformer`: a static KV cache, one-pass prefill, and a decode step compiled once."
+    # on CUDA, how a compiled step launches: 'graph', the whole step one CUDA graph a batch size (replayed with no
+    # guard checks), or 'trees', inductor's CUDA graph trees
+    launch = 'graph'
+
     def __init__(self, model, max_len=2048, max_batch=8, compile=True):
         w = model.tok_emb.weight   # the activations' dtype (an int8 model's head is int8)
         self.model, self.eos_id, self.device = model, model.cfg.eos_id, w.device
@@ -355,10 +374,24 @@ class Generator:
         self.step_model = row_linears(model) if cuda_float else model
         self.cache = StaticCache(model.cfg, max_batch, max_len, w.device, w.dtype)
         self.owner = None   # the session whose conversation the cache's row 0 holds
-        self._step = compiled_step(compile, w.device.type) if compile else decode_step
+        cuda_inductor = compile is True and w.device.type == 'cuda'
+        trees = cuda_inductor and self.launch == 'trees'
+        self._step = compiled_step(compile, w.device.type, trees) if compile else decode_step
+        # batch size -> (graph, its static inputs, its logits); a graph holds the weights and cache by address
+        self.graphs = {} if cuda_inductor and not trees else None
 
     def step(self, tokens, pos, doc):
-        "fp32 logits [B, V] of one new token per row (`decode_step` on this Generator's model and cache)."
+        """fp32 logits [B, V] of one new token per row (`decode_step` on this Generator's model and cache); from a
+        CUDA graph, the logits are overwritten by the next step."""
+        if self.graphs is None: return self._traced(tokens, pos, doc)
+        B = tokens.shape[0]
+        if B not in self.graphs: self.graphs[B] = record_graph(self._traced, tokens, pos, doc)
+        g, ins, logits = self.graphs[B]
+        for buf, t in zip(ins, (tokens, pos, doc)): buf.copy_(t)
+        g.replay()
+        return logits
+
+    def _traced(self, tokens, pos, doc):
         # dynamo's default limit, 8 graphs a function, is too few: every Generator's shapes compile into this one.
         # Set and restored by hand: `config.patch` costs tens of microseconds, a step on the H200 about 5 ms
         cfg, limit = torch._dynamo.config, torch._dynamo.config.recompile_limit

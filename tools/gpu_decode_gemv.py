@@ -1,6 +1,7 @@
 """Decode speed of C with chapter 10a_gemv's slots kernel: its benchmark against inductor (`bench_gemv`), then a decode
-step of C in bf16 per variant BATCH:MOE:ROW[:ATTN] (MOE `slots` or `off`, the attention's one-row linears `slots` or
-`inductor`, the attention between them chapter 10b's kernel `triton` or `inductor`, by default generate's), each appended as a
+step of C in bf16 per variant BATCH:MOE:ROW[:ATTN[:LAUNCH]] (MOE `slots` or `off`, the attention's one-row linears
+`slots` or `inductor`, the attention between them chapter 10b's kernel `triton` or `inductor`, the step launched as one
+CUDA graph, `graph`, or as inductor's CUDA graph trees, `trees`; by default generate's), each appended as a
 `decode_kernels` record as it finishes, with its logits against the first variant's of its batch.
 usage (GPU host, repo root, after `source tools/gpu_env.sh`):
   python3 tools/gpu_decode_gemv.py OUT.jsonl [bench] VARIANT..."""
@@ -13,25 +14,27 @@ from apex3.config import get_config
 from apex3.generate import CachedAttention, Generator, RowLinear, build_model, decode_bytes, HBM_BYTES_PER_S
 from apex3.records import append_records
 
-def variant(model, cfg, B, moe, row, attn=CachedAttention.kernel):
+LAUNCH_NAMES = dict(trees='cudagraphs', graph='step_graph')   # as records name them
+
+def variant(model, cfg, B, moe, row, attn=CachedAttention.kernel, launch=Generator.launch):
     "One decode step of `model` at batch `B` with each kernel on or off: the MoE's, the attention's linears', its own."
-    kernel_triton, row_kernel, attn_kernel = gemv.triton, RowLinear.kernel, CachedAttention.kernel
-    RowLinear.kernel, CachedAttention.kernel = row, attn
+    saved = gemv.triton, RowLinear.kernel, CachedAttention.kernel, Generator.launch
+    RowLinear.kernel, CachedAttention.kernel, Generator.launch = row, attn, launch
     if moe == 'off': gemv.triton = None            # gemv_ok says no: the step compiles as it did without the kernel
     try:
         torch._dynamo.reset()
         torch.manual_seed(1)
         g = Generator(model, max_len=128, max_batch=B)
         fig = time_step(g, torch.randint(1, cfg.eos_id, (B, 64)).tolist())
-    finally: gemv.triton, RowLinear.kernel, CachedAttention.kernel = kernel_triton, row_kernel, attn_kernel
+    finally: gemv.triton, RowLinear.kernel, CachedAttention.kernel, Generator.launch = saved
     k = fig['kernels']
-    rec = dict(kind='decode_kernels', config='C', batch=B, on='cuda', dtype='bfloat16', launch='cudagraphs',
+    rec = dict(kind='decode_kernels', config='C', batch=B, on='cuda', dtype='bfloat16', launch=LAUNCH_NAMES[launch],
                moe_kernel=moe, row_kernel=row if moe != 'off' else 'inductor', attn_kernel=attn,
                warmup_s=fig['warmup_s'],
                step_s=fig['step_s'], bound_step_s=decode_bytes(cfg, B, 64) / HBM_BYTES_PER_S,
                kernels_per_step=k['kernels_per_step'], device_s_per_step=k['device_s_per_step'],
                top_kernels=str(k['top'][:20]), blocks=str(gemv.BLOCKS), source='tools/gpu_decode_gemv.py')
-    print(f"B={B} moe={moe} row={row} attn={attn}: step {rec['step_s'] * 1e3:.3f} ms "
+    print(f"B={B} moe={moe} row={row} attn={attn} launch={launch}: step {rec['step_s'] * 1e3:.3f} ms "
           f"bound {rec['bound_step_s'] * 1e3:.3f} ms "
           f"({rec['bound_step_s'] / rec['step_s']:.3f}) kernels {rec['kernels_per_step']:.0f} "
           f"device {rec['device_s_per_step'] * 1e3:.3f} ms warm-up {rec['warmup_s']:.0f} s", flush=True)

@@ -342,8 +342,8 @@ def compiled_step(compile, device_type, trees=False):
     own CUDA graphs (`mode='reduce-overhead'`), for comparison with `Generator`'s graph of the whole step."""
     # model and cache are inputs: Generators of equal shapes share one graph; dynamic=False: one graph per shape.
     # On CPU the graph's wrapper is C++: about a millisecond less a step of `small` than Python's (same process, A/B)
-    native = dict(options={'cpp_wrapper': True}) if device_type == 'cpu' else dict(mode='reduce-overhead') if trees \
-        else {}
+    if device_type == 'cpu': native = dict(options={'cpp_wrapper': True})
+    else: native = dict(mode='reduce-overhead') if trees else {}
     opts = native if compile is True else dict(backend=compile)
     return torch.compile(decode_step, fullgraph=True, dynamic=False, **opts)
 
@@ -363,7 +363,7 @@ def record_graph(fn, *args):
 class Generator:
     "Decoding for an apex3 `Transformer`: a static KV cache, one-pass prefill, and a decode step compiled once."
     # on CUDA, how a compiled step launches: 'graph', the whole step one CUDA graph a batch size (replayed with no
-    # guard checks), or 'trees', inductor's CUDA graph trees
+    # guard checks), 'trees', inductor's CUDA graph trees, or 'kernels', each kernel launched by the host
     launch = 'graph'
 
     def __init__(self, model, max_len=2048, max_batch=8, compile=True):
@@ -378,7 +378,7 @@ class Generator:
         trees = cuda_inductor and self.launch == 'trees'
         self._step = compiled_step(compile, w.device.type, trees) if compile else decode_step
         # batch size -> (graph, its static inputs, its logits); a graph holds the weights and cache by address
-        self.graphs = {} if cuda_inductor and not trees else None
+        self.graphs = {} if cuda_inductor and self.launch == 'graph' else None
 
     def step(self, tokens, pos, doc):
         """fp32 logits [B, V] of one new token per row (`decode_step` on this Generator's model and cache); from a

@@ -1,8 +1,9 @@
 """Decode speed of C with chapter 10a_gemv's slots kernel: its benchmark against inductor (`bench_gemv`), then a decode
 step of C in bf16 per variant BATCH:MOE:ROW[:ATTN[:LAUNCH]] (MOE `slots` or `off`, the attention's one-row linears
 `slots` or `inductor`, the attention between them chapter 10b's kernel `triton` or `inductor`, the step launched as one
-CUDA graph, `graph`, or as inductor's CUDA graph trees, `trees`; by default generate's), each appended as a
-`decode_kernels` record as it finishes, with its logits against the first variant's of its batch.
+CUDA graph, `graph`, as inductor's CUDA graph trees, `trees`, kernel by kernel, `kernels`, or not compiled, `eager`; by
+default generate's), each appended as a `decode_kernels` record as it finishes, with its logits against an eager step's
+(the reference: not compiled, no Triton kernel) and the first variant's of its batch.
 usage (GPU host, repo root, after `source tools/gpu_env.sh`):
   python3 tools/gpu_decode_gemv.py OUT.jsonl [bench] VARIANT..."""
 import sys
@@ -14,7 +15,7 @@ from apex3.config import get_config
 from apex3.generate import CachedAttention, Generator, RowLinear, build_model, decode_bytes, HBM_BYTES_PER_S
 from apex3.records import append_records
 
-LAUNCH_NAMES = dict(trees='cudagraphs', graph='step_graph')   # as records name them
+LAUNCH_NAMES = dict(trees='cudagraphs', graph='step_graph', kernels='inductor', eager='eager')   # as records name them
 
 def variant(model, cfg, B, moe, row, attn=CachedAttention.kernel, launch=Generator.launch):
     "One decode step of `model` at batch `B` with each kernel on or off: the MoE's, the attention's linears', its own."
@@ -23,9 +24,8 @@ def variant(model, cfg, B, moe, row, attn=CachedAttention.kernel, launch=Generat
     if moe == 'off': gemv.triton = None            # gemv_ok says no: the step compiles as it did without the kernel
     try:
         torch._dynamo.reset()
-        torch.manual_seed(1)
-        g = Generator(model, max_len=128, max_batch=B)
-        fig = time_step(g, torch.randint(1, cfg.eos_id, (B, 64)).tolist())
+        g = Generator(model, max_len=128, max_batch=B, compile=launch != 'eager')
+        fig = time_step(g, prompts(cfg, B))
     finally: gemv.triton, RowLinear.kernel, CachedAttention.kernel, Generator.launch = saved
     k = fig['kernels']
     rec = dict(kind='decode_kernels', config='C', batch=B, on='cuda', dtype='bfloat16', launch=LAUNCH_NAMES[launch],
@@ -41,6 +41,24 @@ def variant(model, cfg, B, moe, row, attn=CachedAttention.kernel, launch=Generat
     for t in k['top'][:14]: print('   ', t, flush=True)
     return rec, fig['logits']
 
+def prompts(cfg, B):
+    torch.manual_seed(1)
+    return torch.randint(1, cfg.eos_id, (B, 64)).tolist()
+
+@torch.no_grad()
+def reference_logits(model, cfg, B):
+    "The step's logits with nothing compiled and no Triton kernel: what every variant should give."
+    saved, gemv.triton = gemv.triton, None
+    try:
+        g = Generator(model, max_len=128, max_batch=B, compile=False)
+        logits, pos, doc = g.prefill(prompts(cfg, B))
+        return g.step(logits.argmax(-1), pos, doc).float()
+    finally: gemv.triton = saved
+
+def agreement(logits, ref):
+    same = (logits.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    return dict(rel_err=gemv._rel_err(logits, ref), same_argmax=same)
+
 def main(out, *args):
     if 'bench' in args: gemv.bench_gemv(path=out)
     runs = [a.split(':') for a in args if a != 'bench']
@@ -48,14 +66,16 @@ def main(out, *args):
     cfg = get_config('C')
     torch.manual_seed(0)
     model = build_model(cfg, 'cuda', torch.bfloat16)
-    first = {}   # batch -> the first variant's logits
+    first, eager = {}, {}   # batch -> the first variant's logits, the reference's
     for B, *kernels in runs:
         rec, logits = variant(model, cfg, int(B), *kernels)
-        ref = first.setdefault(B, logits)
-        rec.update(logits_rel_err=gemv._rel_err(logits, ref),
-                   same_argmax=(logits.argmax(-1) == ref.argmax(-1)).float().mean().item())
-        print(f"   logits against the batch's first variant: rel err {rec['logits_rel_err']:.1e}, "
-              f"same argmax {rec['same_argmax']:.0%}", flush=True)
+        vs_first = agreement(logits, first.setdefault(B, logits))
+        vs_eager = agreement(logits, eager.setdefault(B, reference_logits(model, cfg, int(B))))
+        rec.update(logits_rel_err=vs_first['rel_err'], same_argmax=vs_first['same_argmax'],
+                   eager_rel_err=vs_eager['rel_err'], eager_same_argmax=vs_eager['same_argmax'])
+        print(f"   logits against the batch's first variant: rel err {vs_first['rel_err']:.1e}, same argmax "
+              f"{vs_first['same_argmax']:.0%}; against eager: {vs_eager['rel_err']:.1e}, {vs_eager['same_argmax']:.0%}",
+              flush=True)
         append_records([rec], out)
 
 if __name__ == '__main__': main(*sys.argv[1:])

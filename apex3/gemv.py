@@ -94,8 +94,9 @@ def slots_kernel(interpret=False):
     return kernel
 
 # %% ../nbs/10a_gemv.ipynb #9f72e2c1
-# (rows, columns, warps) of a program's tile, by use: the fastest of `bench_gemv`'s sweep at C's shapes on the H200
-BLOCKS = dict(up=(16, 256, 4), down=(16, 256, 4), row=(16, 512, 8))
+# (rows, columns, warps, stages) of a program's tile, by use: the fastest of `bench_gemv`'s sweep at C's shapes on the
+# H200 (3 stages: Triton's default)
+BLOCKS = dict(up=(16, 256, 4, 3), down=(16, 256, 4, 3), row=(16, 512, 8, 3))
 
 @functools.cache
 def _sms(device):
@@ -106,13 +107,13 @@ def _launch(use, x, w, ws, scores, bias, out, route_scale, top_k, swiglu, x_per_
     "One launch of the slots kernel writing `out` [N, S, rows]: a program per (token, slot, `BLOCKS[use]` row block)."
     N, S, rows = out.shape
     E, cols = scores.shape[1], x.shape[-1]
-    br, bc, warps = BLOCKS[use]
+    br, bc, warps, stages = BLOCKS[use]
     while br > 4 and N * S * triton.cdiv(rows, br) < 2 * _sms(x.device): br //= 2   # two programs an SM at least
     kernel = slots_kernel(True) if triton_interpreting() else torch.library.wrap_triton(slots_kernel())
     kernel[(N * S, triton.cdiv(rows, br))](
         x, w, w if ws is None else ws, scores, bias, out, route_scale, ROWS=rows, COLS=cols, E=E,
         EB=triton.next_power_of_2(E), K=top_k, S=S, SWIGLU=swiglu, X_PER_SLOT=x_per_slot, BR=br,
-        BC=min(bc, triton.next_power_of_2(cols)), num_warps=warps)
+        BC=min(bc, triton.next_power_of_2(cols)), num_warps=warps, num_stages=stages)
 
 def _moe_gemv(x: torch.Tensor, scores: torch.Tensor, bias: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
               shared_gate_up: Optional[torch.Tensor], shared_down: Optional[torch.Tensor], top_k: int,
@@ -178,9 +179,9 @@ def graph_seconds(fn, calls=50, repeats=5):
     return sorted(ts)[repeats // 2]
 
 # %% ../nbs/10a_gemv.ipynb #29e945de
-# tile sweeps: (rows, columns, warps) per program
-UP_BLOCKS = ((16, 512, 8), (8, 512, 4), (32, 256, 8), (16, 256, 4))
-DOWN_BLOCKS = ((16, 256, 4), (8, 512, 4), (32, 256, 8), (16, 512, 8))
+# tile sweeps: (rows, columns, warps, stages) per program
+UP_BLOCKS = ((16, 512, 8, 3), (8, 512, 4, 3), (32, 256, 8, 3), (16, 256, 4, 3))
+DOWN_BLOCKS = ((16, 256, 4, 3), (8, 512, 4, 3), (32, 256, 8, 3), (16, 512, 8, 3))
 
 def _moe_layer(cfg, device):
     "C's MoE layer shapes in bf16, random: router weight, bias, experts (`w_gate_up`, `w_down`), shared gate|up, down."
@@ -241,7 +242,7 @@ def bench_gemv(config='C', tokens=(1, 8), up_blocks=UP_BLOCKS, down_blocks=DOWN_
 
 @contextlib.contextmanager
 def tiles(**blocks):
-    "`BLOCKS` set to `blocks` (e.g. `up=(16, 512, 8)`) inside this block: for ops run eagerly or traced inside it."
+    "`BLOCKS` set to `blocks` (e.g. `up=(16, 512, 8, 3)`) inside this block: for ops run eagerly or traced inside it."
     old = dict(BLOCKS)
     BLOCKS.update(blocks)
     try: yield

@@ -5,10 +5,11 @@ kernel, the shared expert as one more slot, and plain one-row linears."""
 
 # %% auto #0
 __all__ = ['BLOCKS', 'RECORDS_FILE', 'UP_BLOCKS', 'DOWN_BLOCKS', 'stored_linear', 'mul_sum_linear', 'chosen_experts',
-           'slots_kernel', 'moe_gemv', 'row_gemv', 'gemv_ok', 'graph_seconds', 'bench_gemv', 'tiles', 'gemv_table']
+           'slots_kernel', 'moe_gemv', 'row_gemv', 'gemv_ok', 'norm_qkv_kernel', 'norm_qkv', 'graph_seconds',
+           'bench_gemv', 'tiles', 'gemv_table']
 
 # %% ../nbs/10a_gemv.ipynb #835481bd
-import contextlib, functools, types
+import contextlib, functools, math, types
 from typing import Optional
 import torch, torch.nn.functional as F
 from .config import get_config
@@ -154,6 +155,55 @@ def gemv_ok(x, *weights):
     "Can the slots kernel run on `x` and `weights` here: Triton present, float tensors on CUDA (or interpreted)?"
     return (triton is not None and (x.is_cuda or triton_interpreting())
             and all(t.is_floating_point() and t.is_contiguous() for t in (x, *weights)))
+
+# %% ../nbs/10a_gemv.ipynb #3e1a0ec6
+@functools.cache
+def norm_qkv_kernel(interpret=False):
+    "RMSNorm of each token's `x`, then its rows of `wq | wk | wv`: for the GPU or for Triton's CPU interpreter."
+    @triton.jit
+    def kernel(x_ptr, g_ptr, wq_ptr, wk_ptr, wv_ptr, out_ptr, eps, RQ: tl.constexpr, RK: tl.constexpr,
+               COLS: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+        n, first = tl.program_id(0), tl.program_id(1) * BR
+        if first < RQ: w, r0 = wq_ptr, first
+        elif first < RQ + RK: w, r0 = wk_ptr, first - RQ
+        else: w, r0 = wv_ptr, first - RQ - RK
+        rows, cols = r0 + tl.arange(0, BR), tl.arange(0, BC)
+        acc = tl.full([BR, BC], 0., tl.float32)
+        squares = tl.full([BC], 0., tl.float32)
+        for c in range(0, COLS, BC):
+            m = c + cols < COLS
+            xc = tl.load(x_ptr + n * COLS + c + cols, mask=m, other=0.).to(tl.float32)
+            squares += xc * xc
+            xg = xc * tl.load(g_ptr + c + cols, mask=m, other=0.).to(tl.float32)
+            acc += tl.load(w + rows[:, None] * COLS + c + cols[None, :], mask=m[None, :], other=0.).to(tl.float32) \
+                * xg[None, :]
+        # fp32 before the root: compiled, inductor may pass `eps` as a double
+        ms = (tl.reduce(squares, 0, _add_combine) / COLS + eps).to(tl.float32)
+        y = tl.reduce(acc, 1, _add_combine) * tl.rsqrt(ms)
+        total = RQ + 2 * RK
+        tl.store(out_ptr + n * total + first + tl.arange(0, BR), y.to(out_ptr.dtype.element_ty))
+    return kernel
+
+def _norm_qkv(x: torch.Tensor, gain: torch.Tensor, eps: float, wq: torch.Tensor, wk: torch.Tensor,
+              wv: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    (N, cols), rq, rk = x.shape, wq.shape[0], wk.shape[0]
+    br, bc, warps, stages = BLOCKS['row']
+    br = math.gcd(br, rq, rk)                  # a block of rows lies in one weight
+    out = x.new_empty(N, rq + 2 * rk)
+    kernel = norm_qkv_kernel(True) if triton_interpreting() else torch.library.wrap_triton(norm_qkv_kernel())
+    kernel[(N, out.shape[1] // br)](x, gain, wq, wk, wv, out, eps, RQ=rq, RK=rk, COLS=cols, BR=br,
+                                    BC=min(bc, triton.next_power_of_2(cols)), num_warps=warps, num_stages=stages)
+    return out
+
+if triton is not None and not hasattr(torch.ops.apex3, 'norm_qkv'):
+    torch.library.triton_op('apex3::norm_qkv', _norm_qkv, mutates_args=())
+
+def norm_qkv(x, gain, eps, wq, wk, wv):
+    """`rms_norm(x) * gain` [N, K] through `wq`, `wk`, `wv` (`wk`, `wv` of one shape): q, k, v concatenated
+    [N, rows of all three], one launch."""
+    return torch.ops.apex3.norm_qkv(x, gain, eps, wq, wk, wv)
+
 
 # %% ../nbs/10a_gemv.ipynb #7887fa2e
 RECORDS_FILE = 'gemv.jsonl'   # records/gemv.jsonl

@@ -15,10 +15,10 @@ __all__ = ['GATHER_TOKENS', 'grouped_experts', 'RECORDS_FILE', 'STEP_GRAPHS', 'H
 import copy, functools, logging, math, time
 from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
-from .model import Transformer, Experts, route, expert_counts, swiglu, rope_cos_sin, generate
+from .model import Transformer, Experts, apply_rope, route, expert_counts, swiglu, rope_cos_sin, generate
 from .config import get_config, param_components
 from .decode_attention import decode_attention
-from .gemv import chosen_experts, gemv_ok, moe_gemv, mul_sum_linear, row_gemv, stored_linear
+from .gemv import chosen_experts, gemv_ok, moe_gemv, mul_sum_linear, norm_qkv, row_gemv, stored_linear
 from .records import append_records, load_records, time_fn
 from .usage import UsageError
 
@@ -84,7 +84,8 @@ class RowLinear(nn.Module):
     """A bias-free linear on `lin`'s own weight (nothing copied); for one row, compiled as `mul_sum_linear`, or as
     chapter 10a_gemv's `row_gemv` where it runs if `kernel='slots'`."""
     # 'inductor': alone, `row_gemv` reads C's wq faster, but in the step it keeps inductor from fusing the norms and
-    # casts around the linears: C's batch-1 step took 3.82 ms with it, 3.13 ms without (records/generate.jsonl)
+    # casts around the linears: C's batch-1 step took 3.82 ms with it, 3.13 ms without (records/generate.jsonl).
+    # 'norm_qkv': `attn_infer` makes q, k, v and the norm before them in one launch of chapter 10a's `norm_qkv`
     kernel = 'inductor'
 
     def __init__(self, lin: nn.Linear):
@@ -241,17 +242,29 @@ def bench_moe_decode(config='small', tokens=(1, 2, 4, 8, 16), dtypes=(torch.floa
     return recs
 
 # %% ../nbs/11_generate.ipynb #d313b401
-def attn_infer(attn, x, rope, view):
-    "An `Attention` layer's output [B, T, d] for `x` against `view`'s cache; one token a row: one kernel where it runs."
+def attn_infer(attn, norm, x, rope, view):
+    """An `Attention` layer's output [B, T, d] for `norm(x)` against `view`'s cache. One token a row where Triton runs:
+    q, k, v from chapter 10a's `norm_qkv` (`RowLinear.kernel == 'norm_qkv'`), attention by chapter 10b's kernel
+    (`CachedAttention.kernel == 'triton'`)."""
     B, T, _ = x.shape
-    cache, H, Hkv, D = view.cache, attn.n_heads, attn.n_kv_heads, attn.head_dim
-    if T > 1 or view.kernel != 'triton' or not gemv_ok(x, cache.k, cache.v): return attn(x, rope, None, view)
-    q, k, v = attn.wq(x).view(B, H, D), attn.wk(x).view(B, Hkv, D), attn.wv(x).view(B, Hkv, D)
-    gains = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
-    eps = attn.q_norm.eps if attn.qk_norm else 0.
-    o = decode_attention(q, k, v, *gains, rope[0][:, 0], rope[1][:, 0], cache.k, cache.v, attn.layer_idx,
-                         view.pos[:, 0], view.qdoc[:, 0], eps)
-    return attn.wo(o.view(B, 1, H * D))
+    cache, H, Hkv, D, ws = view.cache, attn.n_heads, attn.n_kv_heads, attn.head_dim, (attn.wq, attn.wk, attn.wv)
+    fused = T == 1 and RowLinear.kernel == 'norm_qkv' and gemv_ok(x, norm.weight, *(w.weight for w in ws))
+    kernel = T == 1 and view.kernel == 'triton' and gemv_ok(x, cache.k, cache.v)
+    if not (fused or kernel): return attn(norm(x), rope, None, view)
+    if fused: q, k, v = norm_qkv(x.view(B, -1), norm.weight, norm.eps, *(w.weight for w in ws)).split(
+        (H * D, Hkv * D, Hkv * D), -1)
+    else: q, k, v = (w(norm(x)) for w in ws)
+    q, k, v = q.reshape(B, 1, H, D), k.reshape(B, 1, Hkv, D), v.reshape(B, 1, Hkv, D)
+    if kernel:
+        gains = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
+        eps = attn.q_norm.eps if attn.qk_norm else 0.
+        o = decode_attention(q[:, 0], k[:, 0], v[:, 0], *gains, rope[0][:, 0], rope[1][:, 0], cache.k, cache.v,
+                             attn.layer_idx, view.pos[:, 0], view.qdoc[:, 0], eps)
+    else:   # Attention.forward's arithmetic after its linears
+        if attn.qk_norm: q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        o = view.attend(attn.layer_idx, q, k, v)
+    return attn.wo(o.reshape(B, 1, H * D))
 
 def cached_hidden(model, cache, tokens, start, doc):
     "Final-norm hidden states [B, T, d] of `tokens` [B, T] at positions `start[b] + t`, extending cache rows 0..B-1."
@@ -261,7 +274,7 @@ def cached_hidden(model, cache, tokens, start, doc):
     view = CachedAttention(cache, pos, query_doc_starts(tokens, pos, doc, cache.eos_id))
     x = model.tok_emb(tokens)
     for layer in model.layers:
-        x = x + attn_infer(layer.attn, layer.attn_norm(x), rope, view)
+        x = x + attn_infer(layer.attn, layer.attn_norm, x, rope, view)
         x = x + moe_infer(layer.moe, layer.moe_norm(x))
     return model.norm(x)
 

@@ -36,3 +36,15 @@ def test_greedy_decode_through_slots_matches_torch():
         g.step_model = row_linears(m)   # as on CUDA: the one-row linears through `row_gemv` too
         assert g.generate(prompts, max_new=5) == ref
     assert rows.call_count == 4 * 4 * len(m.layers)   # 4 steps after the prefill, 4 attention linears a layer
+
+
+def test_greedy_decode_through_norm_qkv_matches_torch():
+    m = _model()
+    prompts = [[5, 6, 7], [9, 3]]
+    ref = Generator(m, max_len=32, compile=False).generate(prompts, max_new=5)
+    with triton_interpret(), mock.patch.object(RowLinear, 'kernel', 'norm_qkv'), \
+            mock.patch.object(generate, 'norm_qkv', wraps=generate.norm_qkv) as qkv:
+        g = Generator(m, max_len=32, compile=False)
+        g.step_model = row_linears(m)
+        assert g.generate(prompts, max_new=5) == ref
+    assert qkv.call_count == 4 * len(m.layers)   # 4 steps after the prefill, one launch a layer for q, k and v

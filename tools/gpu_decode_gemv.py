@@ -1,6 +1,6 @@
 """Decode speed of C with chapter 10a_gemv's slots kernel: its benchmark against inductor (`bench_gemv`), then a decode
 step of C in bf16 per variant BATCH:MOE:ROW[:ATTN[:LAUNCH]] (MOE `slots` or `off`, the attention's one-row linears
-`slots` or `inductor`, the attention between them chapter 10b's kernel `triton` or `inductor`, the step launched as one
+`slots`, `inductor`, or `norm_qkv` (q, k, v and the norm before them in one launch, wo inductor's), the attention between them chapter 10b's kernel `triton` or `inductor`, the step launched as one
 CUDA graph, `graph`, as inductor's CUDA graph trees, `trees`, kernel by kernel, `kernels`, or not compiled, `eager`; by
 default generate's), each appended as a `decode_kernels` record as it finishes, with its logits against an eager step's
 (the reference: not compiled, no Triton kernel) and the first variant's of its batch.

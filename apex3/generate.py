@@ -85,8 +85,9 @@ class RowLinear(nn.Module):
     chapter 10a_gemv's `row_gemv` where it runs if `kernel='slots'`."""
     # 'inductor': alone, `row_gemv` reads C's wq faster, but in the step it keeps inductor from fusing the norms and
     # casts around the linears: C's batch-1 step took 3.82 ms with it, 3.13 ms without (records/generate.jsonl).
-    # 'norm_qkv': `attn_infer` makes q, k, v and the norm before them in one launch of chapter 10a's `norm_qkv`
-    kernel = 'inductor'
+    # 'norm_qkv' (and inductor's otherwise): for a step of one token, `attn_infer` makes q, k, v and the norm before
+    # them in one launch of chapter 10a's `norm_qkv`: C's batch-1 step 2.64 ms with it, 3.30 ms without (one run)
+    kernel = 'norm_qkv'
 
     def __init__(self, lin: nn.Linear):
         super().__init__()
@@ -243,12 +244,13 @@ def bench_moe_decode(config='small', tokens=(1, 2, 4, 8, 16), dtypes=(torch.floa
 
 # %% ../nbs/11_generate.ipynb #d313b401
 def attn_infer(attn, norm, x, rope, view):
-    """An `Attention` layer's output [B, T, d] for `norm(x)` against `view`'s cache. One token a row where Triton runs:
-    q, k, v from chapter 10a's `norm_qkv` (`RowLinear.kernel == 'norm_qkv'`), attention by chapter 10b's kernel
+    """An `Attention` layer's output [B, T, d] for `norm(x)` against `view`'s cache. Where Triton runs, for one token
+    q, k, v from chapter 10a's `norm_qkv` (`RowLinear.kernel == 'norm_qkv'`; a program per token re-reads the weights,
+    so not for more), and for one token a row attention by chapter 10b's kernel
     (`CachedAttention.kernel == 'triton'`)."""
     B, T, _ = x.shape
     cache, H, Hkv, D, ws = view.cache, attn.n_heads, attn.n_kv_heads, attn.head_dim, (attn.wq, attn.wk, attn.wv)
-    fused = T == 1 and RowLinear.kernel == 'norm_qkv' and gemv_ok(x, norm.weight, *(w.weight for w in ws))
+    fused = B * T == 1 and RowLinear.kernel == 'norm_qkv' and gemv_ok(x, norm.weight, *(w.weight for w in ws))
     kernel = T == 1 and view.kernel == 'triton' and gemv_ok(x, cache.k, cache.v)
     if not (fused or kernel): return attn(norm(x), rope, None, view)
     if fused: q, k, v = norm_qkv(x.view(B, -1), norm.weight, norm.eps, *(w.weight for w in ws)).split(

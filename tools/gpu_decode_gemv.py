@@ -1,9 +1,10 @@
 """Decode speed of C with chapter 10a_gemv's slots kernel: its benchmark against inductor (`bench_gemv`), then a decode
-step of C in bf16 per variant BATCH:MOE:ROW[:ATTN[:LAUNCH]] (MOE `slots` or `off`, the attention's one-row linears
-`slots`, `inductor`, or `norm_qkv` (q, k, v and the norm before them in one launch, wo inductor's), the attention between them chapter 10b's kernel `triton` or `inductor`, the step launched as one
-CUDA graph, `graph`, as inductor's CUDA graph trees, `trees`, kernel by kernel, `kernels`, or not compiled, `eager`; by
-default generate's), each appended as a `decode_kernels` record as it finishes, with its logits against an eager step's
-(the reference: not compiled, no Triton kernel) and the first variant's of its batch.
+step of C in bf16 per variant BATCH:MOE:ROW[:ATTN[:LAUNCH]], each appended as a `decode_kernels` record as it
+finishes, with its logits against an eager step's (the reference: not compiled, no Triton kernel) and against the
+first variant's of its batch. MOE: `slots` or `off`. ROW, the attention's one-row linears: `slots`, `inductor`, or
+`norm_qkv` (q, k, v and the norm before them in one launch, wo inductor's). ATTN, the attention between them: chapter
+10b's kernel `triton` or `inductor`. LAUNCH: one CUDA graph `graph`, inductor's CUDA graph trees `trees`, kernel by
+kernel `kernels`, or not compiled `eager`. Left out: generate's defaults.
 usage (GPU host, repo root, after `source tools/gpu_env.sh`):
   python3 tools/gpu_decode_gemv.py OUT.jsonl [bench] VARIANT..."""
 import sys
@@ -20,7 +21,8 @@ LAUNCH_NAMES = dict(trees='cudagraphs', graph='step_graph', kernels='inductor', 
 def variant(model, cfg, B, moe, row, attn=CachedAttention.kernel, launch=Generator.launch):
     "One decode step of `model` at batch `B` with each kernel on or off: the MoE's, the attention's linears', its own."
     saved = gemv.triton, RowLinear.kernel, CachedAttention.kernel, Generator.launch
-    RowLinear.kernel, CachedAttention.kernel, Generator.launch = row, attn, launch
+    RowLinear.kernel, CachedAttention.kernel = row, attn
+    Generator.launch = 'kernels' if launch == 'eager' else launch   # not compiled, the launch is never read
     if moe == 'off': gemv.triton = None            # gemv_ok says no: the step compiles as it did without the kernel
     try:
         torch._dynamo.reset()

@@ -255,7 +255,9 @@ def attn_infer(attn, norm, x, rope, view):
     if not (fused or kernel): return attn(norm(x), rope, None, view)
     if fused: q, k, v = norm_qkv(x.view(B, -1), norm.weight, norm.eps, *(w.weight for w in ws)).split(
         (H * D, Hkv * D, Hkv * D), -1)
-    else: q, k, v = (w(norm(x)) for w in ws)
+    else:
+        h = norm(x)
+        q, k, v = (w(h) for w in ws)
     q, k, v = q.reshape(B, 1, H, D), k.reshape(B, 1, Hkv, D), v.reshape(B, 1, Hkv, D)
     if kernel:
         gains = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)

@@ -20,8 +20,8 @@ _log = logging.getLogger('apex3.diloco')
 
 # %% ../nbs/40_diloco.ipynb #8f885478
 def _masters(opt) -> dict:
-    "`id(parameter) -> FP32 master` of an offloading optimizer (empty for an ordinary one)."
-    return {id(s.p): s.master for s in getattr(opt, 'slots', ())}
+    "`id(parameter) -> its slot` of an offloading optimizer, which keeps its FP32 master (empty for an ordinary one)."
+    return {id(s.p): s for s in getattr(opt, 'slots', ())}
 
 def _tensors(model) -> dict:
     "Every floating-point parameter and buffer of `model`, by state-dict name."
@@ -38,7 +38,8 @@ def local_weights(model, opt=None) -> dict:
     under FSDP2, this rank's shards."""
     if hasattr(opt, '_landed'): opt._landed()   # the host masters are final once the step's write-backs are done
     m = _masters(opt)
-    return {n: _local(m.get(id(t), t)).detach().to('cpu', torch.float32, copy=True) for n, t in _tensors(model).items()}
+    own = lambda t: _local(t).detach().to('cpu', torch.float32, copy=True)
+    return {n: m[id(t)].fp32_master() if id(t) in m else own(t) for n, t in _tensors(model).items()}
 
 @torch.no_grad()
 def set_weights(model, opt, weights: dict):
@@ -49,8 +50,8 @@ def set_weights(model, opt, weights: dict):
     for n, t in _tensors(model).items():
         w = weights[n]
         if isinstance(t, DTensor) and w.shape != t.to_local().shape: w = shard_of(w, t)
-        if id(t) in m: m[id(t)].copy_(w)
-        _local(t).copy_(w)
+        if id(t) in m: m[id(t)].set_master(w)   # and the weight
+        else: _local(t).copy_(w)
 
 def shard_of(full, like):
     "This rank's shard of the full tensor `full`, laid out as the DTensor `like` (no communication)."

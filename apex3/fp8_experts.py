@@ -492,7 +492,7 @@ def mfu_bounds(rec, saved_s=()):
     from apex3.offload_plan import _per_param
     cfg, accum, micro = ModelConfig(**rec['cfg']), rec['flags']['accum'], rec['micro_s_median']
     counts = param_counts(cfg)
-    up, down = _per_param(cfg, counts, rec['flags']['offload_accum'])
+    up, down = _per_param(cfg, counts, rec['flags']['offload_accum'], rec['flags'].get('offload_masters', 'fp32'))
     host_params = counts['total'] - rec['opt_gpu_gib'] * GiB / up
     step_gb = max(up, down) * host_params / 1e9
     floor = step_gb / min(rec['h2d_gbs'], rec['d2h_gbs'])          # both directions at once, each at full speed

@@ -4,13 +4,14 @@
 
 # %% auto #0
 __all__ = ['SLAB_BYTES', 'ALIGN', 'HOST_SPARE', 'GPU_HEADROOM', 'EARLY_IN_FLIGHT', 'host_available_bytes', 'PinnedPool',
-           'accum_kernel', 'accumulate_', 'ActivationOffload', 'is_gemm_module', 'gemm_offload_hooks', 'resident_bytes',
-           'choose_resident', 'HostStore', 'GradientInbox', 'UpdateSchedule', 'ChunkMover', 'Preloader',
-           'OffloadOptimizer', 'EarlyStream']
+           'accum_kernel', 'accumulate_', 'ActivationOffload', 'is_gemm_module', 'gemm_offload_hooks', 'split_master_',
+           'join_master_', 'resident_bytes', 'choose_resident', 'HostStore', 'GradientInbox', 'UpdateSchedule',
+           'ChunkMover', 'Preloader', 'OffloadOptimizer', 'EarlyStream']
 
 # %% ../nbs/20_offload.ipynb #b5b880af
-import collections, contextlib, ctypes, itertools, logging, math, os, threading, time, weakref
+import collections, contextlib, ctypes, itertools, logging, math, os, sys, threading, time, weakref
 from collections import defaultdict
+from typing import NamedTuple, Optional
 import torch, torch.nn as nn
 from .usage import UsageError
 
@@ -376,6 +377,26 @@ from concurrent.futures import ThreadPoolExecutor
 import torch.optim.adamw as _adamw
 from .optim import build_optimizer, muon_update_chunk, muon_group_kwargs
 
+# %% ../nbs/20_offload.ipynb #304888e2
+if sys.byteorder != 'little': raise ImportError('apex3.offload splits FP32 masters by their bytes: little-endian only')
+
+def _halves(m):
+    "The low and high 16 bits of each element of contiguous FP32 `m`: int16 views of it (little-endian: low first)."
+    pair = m.view(-1).view(torch.int16).view(-1, 2)
+    return pair[:, 0].view(m.shape), pair[:, 1].view(m.shape)
+
+def split_master_(m, p, lo):
+    "Write FP32 `m` as BF16 `p` (rounded to nearest, ties away from zero) and `lo`, its low 16 bits (int16)."
+    low, high = _halves(m)
+    lo.copy_(low)
+    p.view(torch.int16).copy_(high + (low < 0))   # a low half of 0x8000 or more rounds the magnitude up
+
+def join_master_(m, p, lo):
+    "Write into FP32 `m` the master that `split_master_` wrote as `p` and `lo`, exactly."
+    low, high = _halves(m)
+    low.copy_(lo)
+    high.copy_(p.view(torch.int16) - (lo < 0).to(torch.int16))
+
 # %% ../nbs/20_offload.ipynb #d76b10eb
 def _n_state(group):
     "FP32 state tensors per parameter of an optimizer group: Muon's momentum, or AdamW's two moments."
@@ -395,25 +416,49 @@ def choose_resident(params, budget, cost=resident_bytes):
     return out
 
 class _Slot:
-    "One parameter's off-model life: FP32 master, optimizer state, gradient accumulator (on the host, or on the GPU)."
-    def __init__(self, p, group, alloc, resident=False):
+    """One parameter's off-model life: FP32 master, optimizer state, gradient accumulator (on the host, or on the GPU).
+    With `split` (a BF16 weight), `master` holds each master's low 16 bits only, as int16: the weight is its high half
+    (`split_master_`)."""
+    def __init__(self, p, group, alloc, resident=False, split=False):
         self.p, self.group, self.fresh, self.resident = p, group, True, resident
-        self.master = alloc(p.shape, torch.float32)
-        self.master.copy_(p.detach())
+        self.split = split
+        self.master = alloc(p.shape, torch.int16 if split else torch.float32)
+        if split: self.master.zero_()   # the weight's own value, exactly: a BF16 number has no low half
+        else: self.master.copy_(p.detach())
         self.state = [alloc(p.shape, torch.float32).zero_() for _ in range(_n_state(group))]
         self.step = torch.tensor(0.0)
         self.acc = None  # FP32 gradient accumulator: the store gives it one, on the host or on the GPU
     @property
-    def nbytes(self): return self.master.numel() * 4
+    def nbytes(self): return self.master.numel() * 4   # of the FP32 master, split or not
+
+    def fp32_master(self):
+        "The FP32 master, a CPU tensor of its own."
+        if not self.split: return self.master.detach().to('cpu', copy=True)
+        m = torch.empty(self.p.shape)
+        join_master_(m, self.p.detach().cpu(), self.master.cpu())
+        return m
+
+    @torch.no_grad()
+    def set_master(self, w):
+        "Make `w` the FP32 master, and the weight follow it."
+        if not self.split:
+            self.master.copy_(w)
+            self.p.copy_(self.master)
+            return
+        m = w.detach().to('cpu', torch.float32, copy=True).contiguous()
+        p, lo = torch.empty_like(m, dtype=torch.bfloat16), torch.empty_like(m, dtype=torch.int16)
+        split_master_(m, p, lo)
+        self.master.copy_(lo)
+        self.p.copy_(p)
 
 # %% ../nbs/20_offload.ipynb #93aa57e3
 class HostStore:
     """Every parameter's `_Slot`, its master and state in a `PinnedPool` but for the `gpu_bytes` kept resident on the
     GPU; FP32 accumulators on the GPU for all (`accum='gpu'`), else for the resident and the first `accum_gpu_bytes` of
-    the rest."""
-    def __init__(self, groups, accum='cpu', pool=None, gpu_bytes=0, accum_gpu_bytes=0):
+    the rest. With `split`, a BF16 weight's master lives on the host as its low half (`split_master_`)."""
+    def __init__(self, groups, accum='cpu', pool=None, gpu_bytes=0, accum_gpu_bytes=0, split=True):
         if accum not in ('cpu', 'gpu'): raise UsageError(f"--offload-accum must be cpu or gpu, got {accum!r}")
-        self.param_groups = groups
+        self.param_groups, self.split = groups, split
         params = self.params()
         self.resident = choose_resident(params, gpu_bytes)
         rest = [(p, g) for p, g in params if p not in self.resident]
@@ -423,8 +468,8 @@ class HostStore:
         self.accum_gpu_gib = sum(p.numel() * 4 for p, _ in rest if p in self.gpu_accum) / _GiB
         self.pool = pool or PinnedPool(self.host_bytes_needed())
         on_device = lambda p: lambda shape, dtype: torch.empty(shape, dtype=dtype, device=p.device)
-        self.slots = [_Slot(p, g, on_device(p), True) if p in self.resident else _Slot(p, g, self._host)
-                      for p, g in params]
+        self.slots = [_Slot(p, g, on_device(p), True) if p in self.resident else
+                      _Slot(p, g, self._host, split=self._splits(p)) for p, g in params]
         # now, not on first use: staging buffers taken meanwhile would eat the accumulators' budget
         for s in self.slots:
             on_gpu = s.p in self.gpu_accum
@@ -444,11 +489,18 @@ class HostStore:
 
     def params(self): return [(p, g) for g in self.param_groups for p in g['params']]
 
+    def _splits(self, p): return self.split and p.dtype == torch.bfloat16 and p not in self.resident
+
+    def host_master_bytes(self, p):
+        "Host bytes of `p`'s master: its low half (split), else all of it."
+        return 2 if self._splits(p) else 4
+
     def _host_accumulated(self): return [p for p, _ in self.params() if p not in self.gpu_accum]
 
     def host_bytes_needed(self):
         "Pinned bytes for masters, state, host accumulators, and staging for half the gradients (at least the largest)."
-        state = sum(p.numel() * 4 * (1 + _n_state(g)) for p, g in self.params() if p not in self.resident)
+        state = sum(p.numel() * (self.host_master_bytes(p) + 4 * _n_state(g)) for p, g in self.params()
+                    if p not in self.resident)
         accs = sum(p.numel() * 4 for p in self._host_accumulated())
         # backward hands over gradients faster than the host adds them (C4: all of them in ~0.3 s, added in ~0.5 s):
         # half of them may wait on the host without stalling backward; more in flight waits (see `GradientInbox`)
@@ -467,16 +519,15 @@ class HostStore:
 
     def saved(self):
         "Each slot's FP32 master, optimizer state and step, as host tensors."
-        return [dict(master=s.master.cpu(), state=[x.cpu() for x in s.state], step=s.step) for s in self.slots]
+        return [dict(master=s.fp32_master(), state=[x.cpu() for x in s.state], step=s.step) for s in self.slots]
 
     @torch.no_grad()
     def restore(self, saved):
         "Copy `saved` (from `saved`) into the slots; the working weights follow the masters."
         for s, d in zip(self.slots, saved):
-            s.master.copy_(d['master'])
+            s.set_master(d['master'])
             s.step.copy_(d['step'])
             for h, x in zip(s.state, d['state']): h.copy_(x)
-            s.p.copy_(s.master)
 
 # %% ../nbs/20_offload.ipynb #434b3782
 class GradientInbox:
@@ -630,20 +681,36 @@ def _grad_room(chunk):
     "Whether a chunk needs device room for gradients: some piece of it accumulates on the host."
     return not all(map(_grad_stays, chunk))
 
+class _Views(NamedTuple):
+    "One piece's device views in its chunk's region."
+    m: torch.Tensor                 # the FP32 master, updated in place
+    g: Optional[torch.Tensor]       # the gradient come up from the host (None: it stays on the device)
+    st: list                        # the FP32 state
+    lo: Optional[torch.Tensor]      # the master's low halves come up from the host (None: the master is not split)
+    @property
+    def kept(self): return self.m if self.lo is None else self.lo   # what of the master crosses the link
+
+def _low_numel(chunk):
+    "FP32 elements the low halves of a chunk's split masters take (int16, two an element): 0 where none is split."
+    return (sum(pc.numel for pc in chunk) + 1) // 2 if any(pc.slot.split for pc in chunk) else 0
+
 def _chunk_views(buf, chunk):
-    """Per-piece views into a flat device buffer laid out as [masters | gradients | state 0 | state 1] of one chunk;
-    without gradient room (every piece accumulates on the device) [masters | state 0 | state 1], and None for the
-    gradients."""
+    """Per-piece `_Views` into a flat device buffer laid out as [masters | gradients | state 0 | state 1 | low halves]
+    of one chunk; without gradient room (every piece accumulates on the device) no gradients, and without a split
+    master no low halves."""
     total, out, off, g = sum(pc.numel for pc in chunk), [], 0, _grad_room(chunk)
+    at = total * (1 + g + len(chunk[0].state))
+    lows = buf[at:at + _low_numel(chunk)].view(torch.int16)
     for pc in chunk:
         region = lambda r, off=off, pc=pc: buf[r * total + off: r * total + off + pc.numel].view(pc.master.shape)
-        out.append((region(0), region(1) if g else None, [region(1 + g + r) for r in range(len(pc.state))]))
+        lo = lows[off:off + pc.numel].view(pc.master.shape) if pc.slot.split else None
+        out.append(_Views(region(0), region(1) if g else None, [region(1 + g + r) for r in range(len(pc.state))], lo))
         off += pc.numel
     return out
 
 def _chunk_numel(chunk):
-    "FP32 elements a chunk takes on the device: masters, gradients (where they cross) and state."
-    return sum(pc.numel for pc in chunk) * (1 + _grad_room(chunk) + len(chunk[0].state))
+    "FP32 elements a chunk takes on the device: masters, gradients (where they cross), state, low halves."
+    return sum(pc.numel for pc in chunk) * (1 + _grad_room(chunk) + len(chunk[0].state)) + _low_numel(chunk)
 
 # %% ../nbs/20_offload.ipynb #3b2146e4
 class _Ring:
@@ -693,10 +760,10 @@ class ChunkMover:
         "A context that issues work on side stream `st` (nothing on the CPU, or with `st` None)."
         return torch.cuda.stream(st) if self.cuda else contextlib.nullcontext()
 
-    def load(self, pc, m, st):
-        "Issue the copies of piece `pc`'s master and state to their device views `m`, `st` (on the current stream)."
-        m.copy_(pc.master, non_blocking=True)
-        for d, h in zip(st, pc.state): d.copy_(h, non_blocking=True)
+    def load(self, pc, v):
+        "Issue the copies of piece `pc`'s master (or its low halves) and state to its `_Views` `v` (current stream)."
+        v.kept.copy_(pc.master, non_blocking=True)
+        for d, h in zip(v.st, pc.state): d.copy_(h, non_blocking=True)
 
     def take_and_load(self, chunk, ring, region=None):
         """Room for `chunk` in `ring` (or the `region` preloaded) and, on `h2d`, the copies up of what it lacks there:
@@ -707,9 +774,9 @@ class ChunkMover:
         views = _chunk_views(region, chunk)
         with self.on(self.h2d):
             if written_back is not None: self.h2d.wait_event(written_back)   # what last used this memory has gone down
-            for pc, (m, g, st) in zip(chunk, views):
-                if not preloaded: self.load(pc, m, st)
-                if not _grad_stays(pc): g.copy_(pc.acc, non_blocking=True)
+            for pc, v in zip(chunk, views):
+                if not preloaded: self.load(pc, v)
+                if not _grad_stays(pc): v.g.copy_(pc.acc, non_blocking=True)
             up = torch.cuda.current_stream().record_event() if self.cuda else None
         return chunk, region, views, up
 
@@ -720,14 +787,18 @@ class ChunkMover:
         chunk, region, views, up = loaded
         with self.on(stream):
             if up is not None: torch.cuda.current_stream().wait_event(up)
-            _update(chunk, [m for m, _, _ in views], [st for _, _, st in views],
-                    [pc.acc if _grad_stays(pc) else g for pc, (_, g, _) in zip(chunk, views)])
-            for pc, (m, _, _) in zip(chunk, views): pc.p.copy_(m)  # the new working weights, in the model's dtype
+            for pc, v in zip(chunk, views):
+                if v.lo is not None: join_master_(v.m, pc.p, v.lo)   # the weight is the master's high half
+            _update(chunk, [v.m for v in views], [v.st for v in views],
+                    [pc.acc if _grad_stays(pc) else v.g for pc, v in zip(chunk, views)])
+            for pc, v in zip(chunk, views):   # the new working weights, in the model's dtype
+                if v.lo is None: pc.p.copy_(v.m)
+                else: split_master_(v.m, pc.p, v.lo)
             if self.cuda: self.d2h.wait_stream(torch.cuda.current_stream())
         with self.on(self.d2h):
-            for pc, (m, _, st) in zip(chunk, views):
-                pc.master.copy_(m, non_blocking=True)
-                for h, d in zip(pc.state, st): h.copy_(d, non_blocking=True)
+            for pc, v in zip(chunk, views):
+                pc.master.copy_(v.kept, non_blocking=True)
+                for h, d in zip(pc.state, v.st): h.copy_(d, non_blocking=True)
             done = torch.cuda.Event(blocking=True) if self.cuda else None   # a thread that waits on it sleeps
             if done is not None: done.record()
         ring.lend(region, done)
@@ -755,9 +826,10 @@ def _packed(chunks, half):
 def _preload_half(chunks, chunk_bytes, spare_bytes, device):
     """Elements per half of the ring `Preloader` fills, sized for every chunk of `chunks` the step may cut, whichever
     gradients have landed (a chunk of several pieces holds at most `chunk_bytes` of masters, and as much again of
-    gradients and of up to two states; a larger piece is its own); 0 where the GPU's `spare_bytes` cannot hold it and
-    `GPU_HEADROOM` more."""
-    half = _ring_half(max(chunk_bytes // 4 * 4, *map(_chunk_numel, chunks)), device)
+    gradients and of up to two states, and half as much of low halves; a larger piece is its own); 0 where the GPU's
+    `spare_bytes` cannot hold it and `GPU_HEADROOM` more."""
+    lows = any(pc.slot.split for c in chunks for pc in c)
+    half = _ring_half(max(chunk_bytes // 4 * (9 if lows else 8) // 2 + lows, *map(_chunk_numel, chunks)), device)
     return half if spare_bytes - 2 * half * 4 >= GPU_HEADROOM else 0
 
 def _spare_bytes(device):
@@ -793,7 +865,7 @@ class Preloader:
         with mv.on(mv.h2d):
             for chunk, at in _packed(streamed, self.half):
                 region = self.ring.buf[at:at + _chunk_numel(chunk)]
-                for pc, (m, _, st) in zip(chunk, _chunk_views(region, chunk)): mv.load(pc, m, st)
+                for pc, v in zip(chunk, _chunk_views(region, chunk)): mv.load(pc, v)
                 self.loaded[id(chunk)] = (chunk, region)
 
     def take(self):
@@ -809,12 +881,13 @@ class Preloader:
 
 # %% ../nbs/20_offload.ipynb #9f1d13ab
 class OffloadOptimizer:
-    "Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU (but for `gpu_bytes` of it)."
+    """Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU (but for `gpu_bytes` of it);
+    with `split`, a BF16 weight's master on the host is its low half (`split_master_`)."""
     def __init__(self, model, accum='cpu', pool=None, chunk_bytes=CHUNK_BYTES, gpu_bytes=0, accum_gpu_bytes=0,
-                 overlap=False, **opt_kwargs):
+                 overlap=False, split=True, **opt_kwargs):
         self.reference = build_optimizer(model, **opt_kwargs)  # the groups and hyperparameters; its state stays empty
         self.accum, self.chunk_bytes, self.overlap = accum, chunk_bytes, overlap
-        self.store = HostStore(self.reference.param_groups, accum, pool, gpu_bytes, accum_gpu_bytes)
+        self.store = HostStore(self.reference.param_groups, accum, pool, gpu_bytes, accum_gpu_bytes, split)
         self.slots, self.pool = self.store.slots, self.store.pool
         self.resident_gib, self.accum_gpu_gib = self.store.resident_gib, self.store.accum_gpu_gib
         self.cuda = any(s.p.is_cuda for s in self.slots)
@@ -908,8 +981,9 @@ def _step(opt):
     # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
     opt.wait()
     total = time.perf_counter() - t0
-    # masters, state
-    state_gib = lambda chunks: sum(pc.numel * 4 * (1 + len(pc.state)) for c in chunks for pc in c) / _GiB
+    # masters (or their low halves) and state
+    state_gib = lambda chunks: sum(pc.numel * (pc.master.element_size() + 4 * len(pc.state)) for c in chunks
+                                   for pc in c) / _GiB
     opt.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=state_gib(c for c, _ in pre.values()),
                        early_gib=state_gib(early))
 

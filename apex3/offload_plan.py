@@ -12,7 +12,8 @@ import dataclasses, json, math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from .usage import ArgParser, UsageError
-from .offload_constants import CHUNK_BYTES, PRELOAD_GIB, GPU_HEADROOM_GIB, ACT_PREFETCH_GIB
+from .offload_constants import (CHUNK_BYTES, PRELOAD_GIB, SPLIT_PRELOAD_GIB, GPU_HEADROOM_GIB, ACT_PREFETCH_GIB,
+                                     MASTER_BYTES)
 from .plan import MEM_FRACTION, BYTES, STATE_BYTES, DILOCO_BYTES, find_gpu, plan, diloco_plan, config_params
 
 _GiB = 2**30
@@ -62,10 +63,14 @@ class OffloadPricing:
     kernel_eff: float = KERNEL_EFF
     host_accum_per_s: float = HOST_ACCUM_PER_S
     reserve_gib: float = 0.0       # GPU memory held beside the model's tensors (FP8 weight cache, 16_fp8_experts)
+    masters: str = 'split'         # the host's masters: low halves beside the BF16 weights, or whole ('fp32')
+    @property
+    def preload_gib(self): return SPLIT_PRELOAD_GIB if self.masters == 'split' else PRELOAD_GIB
 
 # %% ../nbs/21_offload_plan.ipynb #edca842d
-def _per_param(c, counts, accum_on):
-    "Optimizer bytes per parameter, Muon and AdamW averaged: what it keeps and streams up in a step; what comes down."
+def _per_param(c, counts, accum_on, masters='split'):
+    """Optimizer bytes per parameter, Muon and AdamW averaged, its master split or whole (`masters`): what it keeps and
+    streams up in a step; what comes down."""
     from apex3.config import param_components
     N = counts['total']
     adam_parts = ('embedding', 'lm_head', 'router', 'qk_norm', 'block_norms', 'final_norm')
@@ -73,7 +78,8 @@ def _per_param(c, counts, accum_on):
     st = (4 * (N - adam) + 8 * adam) / N                            # Muon's momentum, AdamW's two moments
     # where they live (host, or GPU when kept: GPU accumulators are counted with the gradients) and what a step
     # streams up; masters and state come back down
-    return 4 + st + (4 if accum_on == 'cpu' else 0), 4 + st
+    m = MASTER_BYTES[masters]
+    return m + st + (4 if accum_on == 'cpu' else 0), m + st
 
 def _activations_offloaded(c, s):
     "Activation bytes a micro-batch sends to the host: the GEMM inputs sent by count, then what passes the budget."
@@ -87,8 +93,9 @@ def _activations_offloaded(c, s):
 def _offload_budgets(c, counts, s: OffloadPricing):
     "GPU bytes, host bytes, activation bytes offloaded per micro-batch, and parameters whose state stays on the GPU."
     N, d = counts['total'], c.d_model
-    per, _ = _per_param(c, counts, s.accum_on)
-    kept = min(N, s.resident_gib * _GiB / per)
+    per, _ = _per_param(c, counts, s.accum_on, s.masters)
+    per_kept, _ = _per_param(c, counts, s.accum_on, 'fp32')             # state kept on the GPU: whole masters
+    kept = min(N, s.resident_gib * _GiB / per_kept)
     layer_params = (N - 2 * c.vocab_size * d) / c.n_layers
     acts = c.n_layers * ACT_BYTES_PER_TOKEN_D * c.seq_len * s.micro_bs * d
     offloaded = _activations_offloaded(c, s)
@@ -98,7 +105,7 @@ def _offload_budgets(c, counts, s: OffloadPricing):
     vocab_grads = 2 * 2 * c.vocab_size * d
     # fetched back while the kept activations are all held
     prefetch = min(offloaded, ACT_PREFETCH_GIB * _GiB)
-    held = 2 * N + grads_gpu + kept * per + max(0, acts - offloaded) + ce + vocab_grads + prefetch
+    held = 2 * N + grads_gpu + kept * per_kept + max(0, acts - offloaded) + ce + vocab_grads + prefetch
     gpu_bytes = held * 1.05 + (BACKWARD_WORKSPACE_GIB + s.reserve_gib) * _GiB         # + 5% slack
     # half the host's gradients in flight, at least the largest
     staging = max(2 * (N - kept) / 2, 2 * c.vocab_size * d) if s.accum_on == 'cpu' and kept < N else 0
@@ -107,18 +114,18 @@ def _offload_budgets(c, counts, s: OffloadPricing):
     return gpu_bytes, host_bytes, offloaded, kept
 
 def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offload, resident_gib=0.0,
-                     overhead_gib=HOST_OVERHEAD_GIB) -> float:
+                     overhead_gib=HOST_OVERHEAD_GIB, masters='split') -> float:
     "Host GiB a one-GPU offload run of `cfg` needs by this model (the benchmark and trainer check it before pinning)."
     from apex3.config import param_counts
     s = OffloadPricing(SimpleNamespace(mem_gb=gpu_mem_gib), micro_bs, accum_on, act_budget, act_offload, resident_gib,
-                        overhead_gib)
+                        overhead_gib, masters=masters)
     return _offload_budgets(cfg, param_counts(cfg), s)[1] / _GiB
 
 # %% ../nbs/21_offload_plan.ipynb #4d09ae32
 def _offload_times(c, counts, s: OffloadPricing, offloaded, kept=0, preload=False):
     """Compute, link and host-addition seconds per micro-batch; the optimizer step's seconds, and how long its
     write-backs go on beside the next micro-batches (with `preload`: the GPU has room for the ring)."""
-    N, T, (up, down) = counts['total'], s.micro_bs * c.seq_len, _per_param(c, counts, s.accum_on)
+    N, T, (up, down) = counts['total'], s.micro_bs * c.seq_len, _per_param(c, counts, s.accum_on, s.masters)
     flops = (6 * counts['active_matmul'] + 12 * c.n_layers * c.n_heads * c.head_dim * c.seq_len) * T
     compute = flops / (s.gpu.peak('bf16') * s.kernel_eff)
     link = ((2 * (N - kept) if s.accum_on == 'cpu' else 0) + 2 * offloaded) / (s.link_gbs * 1e9)
@@ -129,7 +136,7 @@ def _offload_times(c, counts, s: OffloadPricing, offloaded, kept=0, preload=Fals
     # masters and state (`down` bytes a parameter) of what the ring holds came up during the last micro-batch; the rest
     # comes up once the first chunk's write-back frees ring room: the LM head's (its gradient arrives first), whose
     # master and AdamW moments take 12 bytes a parameter
-    preloaded = min(n, PRELOAD_GIB * _GiB / up) * down
+    preloaded = min(n, s.preload_gib * _GiB / up) * down
     opt = min(stream, (up * n - preloaded + CHUNK_BYTES / 4 * 12) / rate)
     return flops, compute, link, host, opt, stream - opt
 
@@ -162,16 +169,19 @@ class OffloadPlan:
     host_s: float = 0.0   # the host's gradient additions of one micro-batch (--offload-accum cpu)
     # the step's write-backs going on beside the next micro-batches (where `preload` has room)
     writeback_s: float = 0.0
+    masters: str = 'split'   # --offload-masters
     def flags(self):
         "The trainer and benchmark flags this plan recommends."
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
         keep = f' --offload-gpu-gib {self.resident_gib:g}' if self.resident_gib else ''
+        keep += '' if self.masters == 'split' else f' --offload-masters {self.masters}'
         return (f'--config {self.config}{depth} --offload --offload-accum {self.accum_on}{keep} --recompute none '
                 f'--act-budget {self.act_budget:g} --gemm-offload hooks --act-offload {self.act_offload} '
                 f'--micro-bs {self.micro_bs} --accum {self.accum}')
     def __str__(self):
         fit = '' if self.layers == self.full_layers else f' (the full {self.full_layers} do not fit)'
-        ring = f', preload ring {PRELOAD_GIB:g} GiB' if self.writeback_s else ''
+        ring = (f', preload ring {SPLIT_PRELOAD_GIB if self.masters == "split" else PRELOAD_GIB:g} GiB'
+                if self.writeback_s else '')
         behind = (f'               (its write-backs go on {self.writeback_s:.2f} s beside the next micro-batches)\n'
                   if self.writeback_s else '')
         return (f'One-GPU offload plan: config {self.config} with {self.layers} layers{fit} on 1 x {self.gpu}\n'
@@ -195,17 +205,17 @@ def _priced(base, c, counts, s: OffloadPricing, accum, host_gib, offload_gpu_gib
     if keep is None: keep = max(0, math.floor((gpu_budget - _offload_budgets(c, counts, s)[0] / _GiB) / 1.05))
     s = dataclasses.replace(s, resident_gib=keep)
     gpu_b, host_b, off, kept = _offload_budgets(c, counts, s)
-    room = gpu_b / _GiB + PRELOAD_GIB + GPU_HEADROOM_GIB <= g.mem_gb   # for `preload`'s ring beside the run's peak
+    room = gpu_b / _GiB + s.preload_gib + GPU_HEADROOM_GIB <= g.mem_gb   # for `preload`'s ring beside the run's peak
     flops, compute, link, host, opt, behind = _offload_times(c, counts, s, off, kept, preload=room)
     times = dict(compute=compute, link=link, host=host)
     bound = max(times, key=times.get)
     micro = times[bound]
     step = accum * micro + opt
-    gpu_gib = gpu_b / _GiB + (PRELOAD_GIB if room else 0)   # the ring during the last micro-batch: the run's peak
+    gpu_gib = gpu_b / _GiB + (s.preload_gib if room else 0)   # the ring during the last micro-batch: the run's peak
     return OffloadPlan(base.name, g.name, c.n_layers, base.n_layers, s.micro_bs, accum, c.seq_len, gpu_gib, gpu_budget,
                        host_b / _GiB, host_budget, off / _GiB, compute, link, micro, opt, step,
                        accum * flops / (step * g.peak('bf16')), bound, s.accum_on, s.act_budget, s.act_offload, keep,
-                       host_s=host, writeback_s=behind)
+                       host_s=host, writeback_s=behind, masters=s.masters)
 
 # %% ../nbs/21_offload_plan.ipynb #8c1d55c5
 def _flag_sets(act_offload, act_budget):
@@ -216,10 +226,10 @@ def _flag_sets(act_offload, act_budget):
 
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=None,
                  kernel_eff=KERNEL_EFF, layers=None, offload_accum=None, act_offload=None, offload_gpu_gib=None,
-                 host_accum_per_s=HOST_ACCUM_PER_S, reserve_gib=0.0) -> OffloadPlan:
+                 host_accum_per_s=HOST_ACCUM_PER_S, reserve_gib=0.0, offload_masters='split') -> OffloadPlan:
     """Plan one-GPU training with host offload: the most layers whose memory fits GPU and host (fewer if the host is
     short), then the fastest flags at that depth; memory on both sides, step time, and the flags. `reserve_gib`: GPU
-    memory held beside the model's tensors (e.g. the FP8 weight cache)."""
+    memory held beside the model's tensors (e.g. the FP8 weight cache). `offload_masters`: as the flag."""
     from apex3.config import get_config, param_counts
     if act_offload is not None and act_offload < 0:
         raise UsageError(f'--act-offload counts tensors: at least 0, not {act_offload}')
@@ -227,7 +237,7 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
         raise UsageError(f'--offload-gpu-gib is at least 0, not {offload_gpu_gib:g}')
     g, base = find_gpu(gpu), get_config(config)
     rates = dict(link_gbs=link_speed(link_gbs), kernel_eff=kernel_eff, host_accum_per_s=host_accum_per_s,
-                 reserve_gib=reserve_gib)
+                 reserve_gib=reserve_gib, masters=offload_masters)
     fits = lambda p: p.gpu_gib <= p.gpu_budget_gib and p.host_gib <= p.host_budget_gib
     for L in ([layers] if layers else range(base.n_layers, 0, -1)):
         c = dataclasses.replace(base, n_layers=L)
@@ -276,6 +286,8 @@ def _one_gpu_args(one, p):
                      f'the GPU holds them, else the published {PUBLISHED_ACT_OFFLOAD})')
     one.add_argument('--offload-gpu-gib', type=float,
                      help='GiB of optimizer state kept on the GPU (default: what its budget leaves)')
+    one.add_argument('--offload-masters', choices=list(MASTER_BYTES), default='split',
+                     help="the FP32 masters on the host: each BF16 weight's low half (split, the default) or whole")
     dl = p.add_argument_group('DiLoCo: this plan is one worker of several '
                               '(--link-gbs is then the link between workers)')
     dl.add_argument('--diloco-workers', type=int, help='DiLoCo workers, each one of this plan')
@@ -309,7 +321,7 @@ def _one_gpu_main(a):
     host_link = a.host_link if a.diloco_workers else a.link_gbs
     op = offload_plan(a.config, a.gpu, a.host_gib, host_link, a.micro_bs, a.accum, layers=a.layers,
                       offload_accum=a.offload_accum, act_offload=a.act_offload, offload_gpu_gib=a.offload_gpu_gib,
-                      host_accum_per_s=a.host_accum_rate * 1e9)
+                      host_accum_per_s=a.host_accum_rate * 1e9, offload_masters=a.offload_masters)
     dp = None
     if a.diloco_workers:
         dp = diloco_plan(config_params(a.config, op.layers), op.step_s, a.diloco_workers, a.diloco_every,

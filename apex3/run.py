@@ -67,6 +67,8 @@ class OffloadSettings:
                                            'the GPU with --offload (`apex3 plan` says how much fits)')
     offload_accum_gpu_gib: float = setting_field(0.0, 'with --offload-accum cpu: GiB of FP32 gradient accumulators '
                                                  'kept on the GPU instead (the first parameters)')
+    offload_masters: str = setting_field('split', "with --offload: a BF16 weight's FP32 master on the host as its low "
+                                         '16 bits, the weight being the rest (split), or whole (fp32)', ('split', 'fp32'))
     step_overlap: bool = setting_field(False, 'with --offload: stream the optimizer step of GPU-accumulated '
                                        'parameters during the last backward')
     act_offload: int = setting_field(0, 'saved tensors per micro-batch stored on the host')
@@ -236,7 +238,7 @@ def check_host_memory(s: RunSettings, cfg, device):
     keep = 1.0 if o.act_budget is None else o.act_budget   # no budget: beyond --act-offload they stay on the GPU
     overhead = HOST_OVERHEAD_GIB if device.type == 'cuda' else 0   # a CUDA process's own, on a GPU only
     need = offload_host_gib(cfg, _device_memory(device) / GiB, s.model.micro_bs, keep, o.offload_accum, o.act_offload,
-                            resident_gib=o.offload_gpu_gib, overhead_gib=overhead)
+                            resident_gib=o.offload_gpu_gib, overhead_gib=overhead, masters=o.offload_masters)
     have = host_available_bytes() / GiB
     if need > have:
         raise UsageError(f'--offload needs about {need:.0f} GiB of host memory for {cfg.name} with {cfg.n_layers} '
@@ -251,7 +253,8 @@ def _optimizer(model, s: RunSettings):
     o = s.offload
     if not o.offload: return build_optimizer(model, lr=s.optim.lr)
     return OffloadOptimizer(model, accum=o.offload_accum, gpu_bytes=int(o.offload_gpu_gib * GiB),
-                            accum_gpu_bytes=int(o.offload_accum_gpu_gib * GiB), overlap=o.step_overlap, lr=s.optim.lr)
+                            accum_gpu_bytes=int(o.offload_accum_gpu_gib * GiB), overlap=o.step_overlap,
+                            split=o.offload_masters == 'split', lr=s.optim.lr)
 
 def _activation_offload(model, o: OffloadSettings, device):
     "Saved tensors sent to host memory (chapter `20_offload`), or None when no setting asks for it."

@@ -474,9 +474,10 @@ def depth_table(path='bench.jsonl', n_layers=14, config='C'):
         f = r.get('flags') or {}
         if r.get('config') != config or r.get('n_layers', (r.get('cfg') or {}).get('n_layers')) != n_layers: continue
         fp8 = f.get('fp8_experts', 'off') if 'fp8_experts' in f else 'off (bf16)'
-        cache = f.get('fp8_cache', 'on' if 'bf16' not in fp8 else '')
+        cache = '' if fp8.startswith('off') else f.get('fp8_cache', 'on')
         rows.append(dict(date=r.get('date', '')[:16], experts=fp8, cache=cache, act_budget=f.get('act_budget'),
                          accum=f.get('offload_accum'), gpu_gib=f.get('offload_gpu_gib'), overlap=f.get('step_overlap'),
+                         masters=f.get('offload_masters', 'fp32'),
                          outcome=r.get('reason', 'ok') if r['kind'] == 'bench_failed' else 'ok',
                          step_s=r.get('step_s_median'), mfu_micro=r.get('mfu_micro'),
                          mfu_at_batch=r.get('mfu_at_batch')))
@@ -493,7 +494,8 @@ def mfu_bounds(rec, saved_s=()):
     cfg, accum, micro = ModelConfig(**rec['cfg']), rec['flags']['accum'], rec['micro_s_median']
     counts = param_counts(cfg)
     up, down = _per_param(cfg, counts, rec['flags']['offload_accum'], rec['flags'].get('offload_masters', 'fp32'))
-    host_params = counts['total'] - rec['opt_gpu_gib'] * GiB / up
+    host_params = counts['total'] - rec['opt_gpu_gib'] * GiB / _per_param(cfg, counts, rec['flags']['offload_accum'],
+                                                                           'fp32')[0]   # kept whole on the GPU
     step_gb = max(up, down) * host_params / 1e9
     floor = step_gb / min(rec['h2d_gbs'], rec['d2h_gbs'])          # both directions at once, each at full speed
     work = rec['mfu_at_batch'] * rec['step_s_median']               # the step's FLOPs, in seconds at the peak

@@ -32,7 +32,7 @@ def host_available_bytes() -> int:
 SLAB_BYTES, ALIGN, HOST_SPARE = 8 * 2**30, 512, 2 * 2**30
 # the optimizer step's chunk size and device room, and what the machinery leaves free on the GPU: the planner (chapter
 # 21_offload_plan) models the step with the same numbers
-from .offload_constants import CHUNK_BYTES, RING_CHUNKS, GPU_HEADROOM_GIB, ACT_PREFETCH_GIB
+from .offload_constants import CHUNK_BYTES, RING_CHUNKS, GPU_HEADROOM_GIB, ACT_PREFETCH_GIB, MASTER_BYTES
 
 def _pow2(n): return 1 << max(0, n - 1).bit_length()
 def _pow2_floor(n): return 1 << (n.bit_length() - 1)
@@ -493,7 +493,7 @@ class HostStore:
 
     def host_master_bytes(self, p):
         "Host bytes of `p`'s master: its low half (split), else all of it."
-        return 2 if self._splits(p) else 4
+        return MASTER_BYTES['split' if self._splits(p) else 'fp32']
 
     def _host_accumulated(self): return [p for p, _ in self.params() if p not in self.gpu_accum]
 

@@ -12,8 +12,8 @@ import dataclasses, json, math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from .usage import ArgParser, UsageError
-from .offload_constants import (CHUNK_BYTES, PRELOAD_GIB, SPLIT_PRELOAD_GIB, GPU_HEADROOM_GIB, ACT_PREFETCH_GIB,
-                                     MASTER_BYTES)
+from .offload_constants import (CHUNK_BYTES, PRELOAD_GIB, PRELOAD_GIB_BY_MASTERS, GPU_HEADROOM_GIB,
+                                     ACT_PREFETCH_GIB, MASTER_BYTES)
 from .plan import MEM_FRACTION, BYTES, STATE_BYTES, DILOCO_BYTES, find_gpu, plan, diloco_plan, config_params
 
 _GiB = 2**30
@@ -65,7 +65,7 @@ class OffloadPricing:
     reserve_gib: float = 0.0       # GPU memory held beside the model's tensors (FP8 weight cache, 16_fp8_experts)
     masters: str = 'split'         # the host's masters: low halves beside the BF16 weights, or whole ('fp32')
     @property
-    def preload_gib(self): return SPLIT_PRELOAD_GIB if self.masters == 'split' else PRELOAD_GIB
+    def preload_gib(self): return PRELOAD_GIB_BY_MASTERS[self.masters]
 
 # %% ../nbs/21_offload_plan.ipynb #edca842d
 def _per_param(c, counts, accum_on, masters='split'):
@@ -180,8 +180,7 @@ class OffloadPlan:
                 f'--micro-bs {self.micro_bs} --accum {self.accum}')
     def __str__(self):
         fit = '' if self.layers == self.full_layers else f' (the full {self.full_layers} do not fit)'
-        ring = (f', preload ring {SPLIT_PRELOAD_GIB if self.masters == "split" else PRELOAD_GIB:g} GiB'
-                if self.writeback_s else '')
+        ring = f', preload ring {PRELOAD_GIB_BY_MASTERS[self.masters]:g} GiB' if self.writeback_s else ''
         behind = (f'               (its write-backs go on {self.writeback_s:.2f} s beside the next micro-batches)\n'
                   if self.writeback_s else '')
         return (f'One-GPU offload plan: config {self.config} with {self.layers} layers{fit} on 1 x {self.gpu}\n'

@@ -67,8 +67,9 @@ class OffloadSettings:
                                            'the GPU with --offload (`apex3 plan` says how much fits)')
     offload_accum_gpu_gib: float = setting_field(0.0, 'with --offload-accum cpu: GiB of FP32 gradient accumulators '
                                                  'kept on the GPU instead (the first parameters)')
-    offload_masters: str = setting_field('split', "with --offload: a BF16 weight's FP32 master on the host as its low "
-                                         '16 bits, the weight being the rest (split), or whole (fp32)', ('split', 'fp32'))
+    offload_masters: str = setting_field('split', "with --offload: a BF16 weight's FP32 master on the host as its "
+                                         'low 16 bits, the weight being the rest (split), or whole (fp32)',
+                                         ('split', 'fp32'))
     step_overlap: bool = setting_field(False, 'with --offload: stream the optimizer step of GPU-accumulated '
                                        'parameters during the last backward')
     act_offload: int = setting_field(0, 'saved tensors per micro-batch stored on the host')

@@ -351,7 +351,8 @@ class FP8Layout:
     cache_gib: float
     saved_s: float
     cast_s: float
-    def flags(self): return f'{self.plan.flags()} --fp8-experts {self.backward} --fp8-cache {self.cached}'
+    def flags(self):
+        return self.plan.flags().replace('--fp8-experts off', f'--fp8-experts {self.backward} --fp8-cache {self.cached}')
     def __str__(self):
         return (f'{self.plan}\n  FP8 experts  {self.backward} backward, cache on {self.cached} of {self.plan.layers} '
                 f'layers ({self.cache_gib:.1f} GiB); the experts save {self.saved_s:.3f} s a micro-batch, casts cost '

@@ -177,7 +177,7 @@ class OffloadPlan:
         keep += '' if self.masters == 'split' else f' --offload-masters {self.masters}'
         return (f'--config {self.config}{depth} --offload --offload-accum {self.accum_on}{keep} --recompute none '
                 f'--act-budget {self.act_budget:g} --gemm-offload hooks --act-offload {self.act_offload} '
-                f'--micro-bs {self.micro_bs} --accum {self.accum}')
+                f'--micro-bs {self.micro_bs} --accum {self.accum} --fp8-experts off')
     def __str__(self):
         fit = '' if self.layers == self.full_layers else f' (the full {self.full_layers} do not fit)'
         ring = f', preload ring {PRELOAD_GIB_BY_MASTERS[self.masters]:g} GiB' if self.writeback_s else ''

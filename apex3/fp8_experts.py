@@ -352,7 +352,8 @@ class FP8Layout:
     saved_s: float
     cast_s: float
     def flags(self):
-        return self.plan.flags().replace('--fp8-experts off', f'--fp8-experts {self.backward} --fp8-cache {self.cached}')
+        fp8 = f'--fp8-experts {self.backward} --fp8-cache {self.cached}'
+        return self.plan.flags().replace('--fp8-experts off', fp8)
     def __str__(self):
         return (f'{self.plan}\n  FP8 experts  {self.backward} backward, cache on {self.cached} of {self.plan.layers} '
                 f'layers ({self.cache_gib:.1f} GiB); the experts save {self.saved_s:.3f} s a micro-batch, casts cost '

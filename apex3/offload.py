@@ -389,7 +389,8 @@ def split_master_(m, p, lo):
     "Write FP32 `m` as BF16 `p` (rounded to nearest, ties away from zero) and `lo`, its low 16 bits (int16)."
     low, high = _halves(m)
     lo.copy_(low)
-    p.view(torch.int16).copy_(high + (low < 0))   # a low half of 0x8000 or more rounds the magnitude up
+    carry = (low < 0) & ((high & 0x7FFF) != 0x7FFF)   # a low half of 0x8000 or more rounds up, but for a NaN's wrap
+    p.view(torch.int16).copy_(high + carry)
 
 def join_master_(m, p, lo):
     "Write into FP32 `m` the master that `split_master_` wrote as `p` and `lo`, exactly."
@@ -788,7 +789,7 @@ class ChunkMover:
         with self.on(stream):
             if up is not None: torch.cuda.current_stream().wait_event(up)
             for pc, v in zip(chunk, views):
-                if v.lo is not None: join_master_(v.m, pc.p, v.lo)   # the weight is the master's high half
+                if v.lo is not None: join_master_(v.m, pc.p, v.lo)   # high half: the weight less its carry
             _update(chunk, [v.m for v in views], [v.st for v in views],
                     [pc.acc if _grad_stays(pc) else v.g for pc, v in zip(chunk, views)])
             for pc, v in zip(chunk, views):   # the new working weights, in the model's dtype

@@ -38,8 +38,8 @@ def local_weights(model, opt=None) -> dict:
     under FSDP2, this rank's shards."""
     if hasattr(opt, '_landed'): opt._landed()   # the host masters are final once the step's write-backs are done
     m = _masters(opt)
-    own = lambda t: _local(t).detach().to('cpu', torch.float32, copy=True)
-    return {n: m[id(t)].fp32_master() if id(t) in m else own(t) for n, t in _tensors(model).items()}
+    copied = lambda t: _local(t).detach().to('cpu', torch.float32, copy=True)
+    return {n: copied(m[id(t)].fp32_master() if id(t) in m else t) for n, t in _tensors(model).items()}
 
 @torch.no_grad()
 def set_weights(model, opt, weights: dict):

@@ -433,8 +433,8 @@ class _Slot:
     def nbytes(self): return self.master.numel() * 4   # of the FP32 master, split or not
 
     def fp32_master(self):
-        "The FP32 master, a CPU tensor of its own."
-        if not self.split: return self.master.detach().to('cpu', copy=True)
+        "The FP32 master on the CPU: whole, the host buffer itself (a copy where it is resident); split, rebuilt."
+        if not self.split: return self.master.cpu()
         m = torch.empty(self.p.shape)
         join_master_(m, self.p.detach().cpu(), self.master.cpu())
         return m
@@ -446,7 +446,7 @@ class _Slot:
             self.master.copy_(w)
             self.p.copy_(self.master)
             return
-        m = w.detach().to('cpu', torch.float32, copy=True).contiguous()
+        m = w.detach().to('cpu', torch.float32).contiguous()   # only read
         p, lo = torch.empty_like(m, dtype=torch.bfloat16), torch.empty_like(m, dtype=torch.int16)
         split_master_(m, p, lo)
         self.master.copy_(lo)

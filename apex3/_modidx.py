@@ -1152,6 +1152,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'apex3.offload_plan._plan_parser': ('offload_plan.html#_plan_parser', 'apex3/offload_plan.py'),
                                     'apex3.offload_plan._priced': ('offload_plan.html#_priced', 'apex3/offload_plan.py'),
                                     'apex3.offload_plan.link_speed': ('offload_plan.html#link_speed', 'apex3/offload_plan.py'),
+                                    'apex3.offload_plan.micro_time': ('offload_plan.html#micro_time', 'apex3/offload_plan.py'),
                                     'apex3.offload_plan.offload_host_gib': ('offload_plan.html#offload_host_gib', 'apex3/offload_plan.py'),
                                     'apex3.offload_plan.offload_plan': ('offload_plan.html#offload_plan', 'apex3/offload_plan.py'),
                                     'apex3.offload_plan.plan_main': ('offload_plan.html#plan_main', 'apex3/offload_plan.py')},

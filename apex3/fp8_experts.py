@@ -18,7 +18,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from .config import get_config
 from .model import Experts, scaled_swiglu
-from .offload_plan import OffloadPlan, offload_plan
+from .offload_plan import OffloadPlan, micro_time, offload_plan
 from .records import GiB, append_records, attempt, latest_run, load_records, time_fn
 from .usage import UsageError
 try: import triton, triton.language as tl
@@ -367,10 +367,10 @@ def _fp8_timed(p, cfg, backward, cached, cache_gib):
     flop = 6 * p.micro_bs * p.seq * cfg.top_k * params / cfg.n_experts   # each routed row through one expert
     saved = p.layers * flop * (1 / EXPERT_TFLOPS['off'] - 1 / EXPERT_TFLOPS[backward]) / 1e12
     cast = (p.layers - cached) * params * len(orientations(backward)) / WEIGHT_CASTS_PER_S
-    times = dict(compute=p.compute_s - saved + cast, link=p.link_s, host=p.host_s)
-    bound = max(times, key=times.get)
-    step = p.accum * times[bound] + p.optimizer_s
-    plan = dataclasses.replace(p, compute_s=times['compute'], micro_s=times[bound], step_s=step, bound=bound,
+    compute = p.compute_s - saved + cast
+    micro, bound = micro_time(compute, p.act_s, p.grads_s, p.host_s)
+    step = p.accum * micro + p.optimizer_s
+    plan = dataclasses.replace(p, compute_s=compute, micro_s=micro, step_s=step, bound=bound,
                                mfu_at_batch=p.mfu_at_batch * p.step_s / step)
     return FP8Layout(plan, backward, cached, cache_gib, saved, cast)
 

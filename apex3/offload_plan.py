@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['LINKS', 'GEMM_SAVED', 'ACT_BYTES_PER_TOKEN_D', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB', 'HOST_SLAB_WASTE',
-           'KERNEL_EFF', 'HOST_ACCUM_PER_S', 'BOTH_WAYS_SHARE', 'BACKWARD_WORKSPACE_GIB', 'link_speed',
-           'OffloadPricing', 'offload_host_gib', 'OffloadPlan', 'offload_plan', 'plan_main']
+           'KERNEL_EFF', 'FORWARD_SHARE', 'HOST_ACCUM_PER_S', 'BOTH_WAYS_SHARE', 'BACKWARD_WORKSPACE_GIB', 'link_speed',
+           'OffloadPricing', 'offload_host_gib', 'micro_time', 'OffloadPlan', 'offload_plan', 'plan_main']
 
 # %% ../nbs/21_offload_plan.ipynb #e38926da
 import dataclasses, json, math
@@ -39,6 +39,7 @@ PUBLISHED_ACT_OFFLOAD = 72     # --act-offload of the published flag line
 HOST_OVERHEAD_GIB = 3          # the process beside its pinned pools (1.9 GiB measured, C4 to C7)
 HOST_SLAB_WASTE = 1.06         # pinned slabs over what is cut from them (chapter 20_offload, C's sizes)
 KERNEL_EFF = 0.61              # a micro-batch of C, fraction of the BF16 peak (bench records)
+FORWARD_SHARE = 1 / 3          # of a micro-batch's compute, its forward: a GEMM's backward is two GEMMs
 HOST_ACCUM_PER_S = 7.0e9       # fp32 += bf16 elements a second, the H200 machine's host (chapter 20_offload)
 # each direction's rate while both run, of its rate alone: a C13 step profile, 48.8 of 54.9 GB/s (the link test at
 # start reads 99 / 2 / 54 = 0.92, more than a step gets)
@@ -122,23 +123,36 @@ def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offlo
     return _offload_budgets(cfg, param_counts(cfg), s)[1] / _GiB
 
 # %% ../nbs/21_offload_plan.ipynb #4d09ae32
+def micro_time(compute, act_s, grads_s=0.0, host_s=0.0):
+    """A micro-batch's seconds and what bounds them ('compute', 'link' or 'host'): the activations sent to the host go
+    down while the forward computes (`FORWARD_SHARE` of `compute`) and come back up while the backward does, beside the
+    gradients going down (`--offload-accum cpu`) at `BOTH_WAYS_SHARE` of the link each; the host adds them meanwhile.
+    `act_s`, `grads_s`: their seconds on the link alone, one way."""
+    both = BOTH_WAYS_SHARE if act_s and grads_s else 1
+    forward = max(FORWARD_SHARE * compute, act_s)
+    backward = max((1 - FORWARD_SHARE) * compute, max(act_s, grads_s) / both)
+    if host_s > forward + backward: return host_s, 'host'
+    if (forward, backward) == (FORWARD_SHARE * compute, (1 - FORWARD_SHARE) * compute): return compute, 'compute'
+    return forward + backward, 'link'
+
 def _offload_times(c, counts, s: OffloadPricing, offloaded, kept=0, preload=False):
-    """Compute, link and host-addition seconds per micro-batch; the optimizer step's seconds, and how long its
-    write-backs go on beside the next micro-batches (with `preload`: the GPU has room for the ring)."""
+    """Compute seconds per micro-batch, its link's (activations each way, gradients down) and the host's additions;
+    the optimizer step's seconds, and how long its write-backs go on beside the next micro-batches (with `preload`:
+    the GPU has room for the ring)."""
     N, T, (up, down) = counts['total'], s.micro_bs * c.seq_len, _per_param(c, counts, s.accum_on, s.masters)
     flops = (6 * counts['active_matmul'] + 12 * c.n_layers * c.n_heads * c.head_dim * c.seq_len) * T
     compute = flops / (s.gpu.peak('bf16') * s.kernel_eff)
-    link = ((2 * (N - kept) if s.accum_on == 'cpu' else 0) + 2 * offloaded) / (s.link_gbs * 1e9)
+    act, grads = offloaded / (s.link_gbs * 1e9), (2 * (N - kept) if s.accum_on == 'cpu' else 0) / (s.link_gbs * 1e9)
     host = (N - kept) / s.host_accum_per_s if s.accum_on == 'cpu' else 0.0
     rate, n = BOTH_WAYS_SHARE * s.link_gbs * 1e9, N - kept
     stream = max(up, down) * n / rate   # every streamed byte, both directions at once: the longer one
-    if not (preload and n): return flops, compute, link, host, stream, 0.0
+    if not (preload and n): return flops, compute, (act, grads), host, stream, 0.0
     # masters and state (`down` bytes a parameter) of what the ring holds came up during the last micro-batch; the rest
     # comes up once the first chunk's write-back frees ring room: the LM head's (its gradient arrives first), whose
     # master and AdamW moments take 12 bytes a parameter
     preloaded = min(n, s.preload_gib * _GiB / up) * down
     opt = min(stream, (up * n - preloaded + CHUNK_BYTES / 4 * 12) / rate)
-    return flops, compute, link, host, opt, stream - opt
+    return flops, compute, (act, grads), host, opt, stream - opt
 
 # %% ../nbs/21_offload_plan.ipynb #ef7ce927
 @dataclass
@@ -170,6 +184,8 @@ class OffloadPlan:
     # the step's write-backs going on beside the next micro-batches (where `preload` has room)
     writeback_s: float = 0.0
     masters: str = 'split'   # --offload-masters
+    act_s: float = 0.0       # the activations' seconds on the link, one way (see `micro_time`)
+    grads_s: float = 0.0     # the gradients' seconds down to the host (--offload-accum cpu)
     def flags(self):
         "The trainer and benchmark flags this plan recommends."
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
@@ -205,16 +221,14 @@ def _priced(base, c, counts, s: OffloadPricing, accum, host_gib, offload_gpu_gib
     s = dataclasses.replace(s, resident_gib=keep)
     gpu_b, host_b, off, kept = _offload_budgets(c, counts, s)
     room = gpu_b / _GiB + s.preload_gib + GPU_HEADROOM_GIB <= g.mem_gb   # for `preload`'s ring beside the run's peak
-    flops, compute, link, host, opt, behind = _offload_times(c, counts, s, off, kept, preload=room)
-    times = dict(compute=compute, link=link, host=host)
-    bound = max(times, key=times.get)
-    micro = times[bound]
+    flops, compute, (act, grads), host, opt, behind = _offload_times(c, counts, s, off, kept, preload=room)
+    micro, bound = micro_time(compute, act, grads, host)
     step = accum * micro + opt
     gpu_gib = gpu_b / _GiB + (s.preload_gib if room else 0)   # the ring during the last micro-batch: the run's peak
     return OffloadPlan(base.name, g.name, c.n_layers, base.n_layers, s.micro_bs, accum, c.seq_len, gpu_gib, gpu_budget,
-                       host_b / _GiB, host_budget, off / _GiB, compute, link, micro, opt, step,
+                       host_b / _GiB, host_budget, off / _GiB, compute, 2 * act + grads, micro, opt, step,
                        accum * flops / (step * g.peak('bf16')), bound, s.accum_on, s.act_budget, s.act_offload, keep,
-                       host_s=host, writeback_s=behind, masters=s.masters)
+                       host_s=host, writeback_s=behind, masters=s.masters, act_s=act, grads_s=grads)
 
 # %% ../nbs/21_offload_plan.ipynb #8c1d55c5
 def _flag_sets(act_offload, act_budget):

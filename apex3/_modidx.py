@@ -1131,6 +1131,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload.host_available_bytes': ('offload.html#host_available_bytes', 'apex3/offload.py'),
                                'apex3.offload.is_gemm_module': ('offload.html#is_gemm_module', 'apex3/offload.py'),
                                'apex3.offload.join_master_': ('offload.html#join_master_', 'apex3/offload.py'),
+                               'apex3.offload.masters_pair': ('offload.html#masters_pair', 'apex3/offload.py'),
                                'apex3.offload.resident_bytes': ('offload.html#resident_bytes', 'apex3/offload.py'),
                                'apex3.offload.split_master_': ('offload.html#split_master_', 'apex3/offload.py')},
             'apex3.offload_plan': { 'apex3.offload_plan.OffloadPlan': ('offload_plan.html#offloadplan', 'apex3/offload_plan.py'),

@@ -6,7 +6,7 @@
 __all__ = ['SLAB_BYTES', 'ALIGN', 'HOST_SPARE', 'GPU_HEADROOM', 'EARLY_IN_FLIGHT', 'host_available_bytes', 'PinnedPool',
            'accum_kernel', 'accumulate_', 'ActivationOffload', 'is_gemm_module', 'gemm_offload_hooks', 'split_master_',
            'join_master_', 'resident_bytes', 'choose_resident', 'HostStore', 'GradientInbox', 'UpdateSchedule',
-           'ChunkMover', 'Preloader', 'OffloadOptimizer', 'EarlyStream']
+           'ChunkMover', 'Preloader', 'OffloadOptimizer', 'masters_pair', 'EarlyStream']
 
 # %% ../nbs/20_offload.ipynb #b5b880af
 import collections, contextlib, ctypes, itertools, logging, math, os, sys, threading, time, weakref
@@ -987,6 +987,14 @@ def _step(opt):
                                    for pc in c) / _GiB
     opt.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=state_gib(c for c, _ in pre.values()),
                        early_gib=state_gib(early))
+
+# %% ../nbs/20_offload.ipynb #54f8c871
+def masters_pair(records):
+    """Of `bench` records (oldest first), the latest run that took the same steps with split and whole masters, its
+    experts in BF16: {'split': record, 'fp32': record}."""
+    bf16 = [r for r in records if r['flags'].get('fp8_experts', 'off') == 'off']
+    commit = [r for r in bf16 if r['flags'].get('offload_masters') == 'fp32'][-1]['git_commit']
+    return {r['flags'].get('offload_masters', 'fp32'): r for r in bf16 if r['git_commit'] == commit}
 
 # %% ../nbs/20_offload.ipynb #b9700f3b
 # chunks the last backward's streaming has issued and not yet written back (see `EarlyStream.issue`)

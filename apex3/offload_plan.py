@@ -129,10 +129,10 @@ def micro_time(compute, act_s, grads_s=0.0, host_s=0.0):
     gradients going down (`--offload-accum cpu`) at `BOTH_WAYS_SHARE` of the link each; the host adds them meanwhile.
     `act_s`, `grads_s`: their seconds on the link alone, one way."""
     both = BOTH_WAYS_SHARE if act_s and grads_s else 1
-    forward = max(FORWARD_SHARE * compute, act_s)
-    backward = max((1 - FORWARD_SHARE) * compute, max(act_s, grads_s) / both)
+    forward_compute, backward_compute = FORWARD_SHARE * compute, (1 - FORWARD_SHARE) * compute
+    forward, backward = max(forward_compute, act_s), max(backward_compute, max(act_s, grads_s) / both)
     if host_s > forward + backward: return host_s, 'host'
-    if (forward, backward) == (FORWARD_SHARE * compute, (1 - FORWARD_SHARE) * compute): return compute, 'compute'
+    if (forward, backward) == (forward_compute, backward_compute): return compute, 'compute'
     return forward + backward, 'link'
 
 def _offload_times(c, counts, s: OffloadPricing, offloaded, kept=0, preload=False):
@@ -142,7 +142,8 @@ def _offload_times(c, counts, s: OffloadPricing, offloaded, kept=0, preload=Fals
     N, T, (up, down) = counts['total'], s.micro_bs * c.seq_len, _per_param(c, counts, s.accum_on, s.masters)
     flops = (6 * counts['active_matmul'] + 12 * c.n_layers * c.n_heads * c.head_dim * c.seq_len) * T
     compute = flops / (s.gpu.peak('bf16') * s.kernel_eff)
-    act, grads = offloaded / (s.link_gbs * 1e9), (2 * (N - kept) if s.accum_on == 'cpu' else 0) / (s.link_gbs * 1e9)
+    one_way = s.link_gbs * 1e9
+    act, grads = offloaded / one_way, (2 * (N - kept) if s.accum_on == 'cpu' else 0) / one_way
     host = (N - kept) / s.host_accum_per_s if s.accum_on == 'cpu' else 0.0
     rate, n = BOTH_WAYS_SHARE * s.link_gbs * 1e9, N - kept
     stream = max(up, down) * n / rate   # every streamed byte, both directions at once: the longer one

@@ -988,7 +988,7 @@ def _step(opt):
     opt.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=state_gib(c for c, _ in pre.values()),
                        early_gib=state_gib(early))
 
-# %% ../nbs/20_offload.ipynb #54f8c871
+# %% ../nbs/20_offload.ipynb #53bf3a84
 def masters_pair(records):
     """Of `bench` records (oldest first), the latest run that took the same steps with split and whole masters, its
     experts in BF16: {'split': record, 'fp32': record}."""

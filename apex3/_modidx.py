@@ -968,6 +968,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.model._importable': ('model.html#_importable', 'apex3/model.py'),
                              'apex3.model._probe_cpu_grouped_mm': ('model.html#_probe_cpu_grouped_mm', 'apex3/model.py'),
                              'apex3.model._recompute_gathers': ('model.html#_recompute_gathers', 'apex3/model.py'),
+                             'apex3.model._up': ('model.html#_up', 'apex3/model.py'),
                              'apex3.model.apply_rope': ('model.html#apply_rope', 'apex3/model.py'),
                              'apex3.model.attend': ('model.html#attend', 'apex3/model.py'),
                              'apex3.model.attention_meta': ('model.html#attention_meta', 'apex3/model.py'),

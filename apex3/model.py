@@ -293,6 +293,10 @@ def gather_grouped_mm(x, rows, w, offs):
     return checkpoint(_gather_mm, x, rows, w, offs, use_reentrant=False,
                       context_fn=functools.partial(create_selective_checkpoint_contexts, _recompute_gathers))
 
+def _up(x, rows, w, offs, scale):
+    "The experts' first half: the gate|up grouped GEMM of rows `x[rows]` (or `x`), then the scaled SwiGLU."
+    return scaled_swiglu(torch._grouped_mm(x, w, offs=offs) if rows is None else _gather_mm(x, rows, w, offs), scale)
+
 class Experts(nn.Module):
     "E routed SwiGLU experts as stacked weights: `w_gate_up` [E, 2F, d], `w_down` [E, d, F]."
     def __init__(self, n_experts, d_model, ffn):
@@ -300,6 +304,8 @@ class Experts(nn.Module):
         self.w_gate_up = nn.Parameter(torch.empty(n_experts, 2 * ffn, d_model))
         self.w_down = nn.Parameter(torch.empty(n_experts, d_model, ffn))
         self.impl = 'auto'   # 'auto' | 'grouped' | 'loop'
+        # rebuild the first half in backward (one more grouped GEMM): keep the tokens, not their [M, 2F] projection
+        self.recompute = False
 
     def forward(self, x, counts, scale=None, rows=None):
         """The experts' outputs for rows `x[rows]` (or `x`), [M, d], grouped by expert in expert order;
@@ -313,8 +319,10 @@ class Experts(nn.Module):
     def _grouped(self, x, counts, scale, rows):
         offs = counts.cumsum(0).to(torch.int32)
         w1, w2 = self.w_gate_up.to(x.dtype).transpose(-2, -1), self.w_down.to(x.dtype).transpose(-2, -1)
-        h = torch._grouped_mm(x, w1, offs=offs) if rows is None else gather_grouped_mm(x, rows, w1, offs)
-        return torch._grouped_mm(scaled_swiglu(h, scale), w2, offs=offs)
+        if self.recompute: a = checkpoint(_up, x, rows, w1, offs, scale, use_reentrant=False)
+        else: a = scaled_swiglu(torch._grouped_mm(x, w1, offs=offs) if rows is None else
+                                gather_grouped_mm(x, rows, w1, offs), scale)
+        return torch._grouped_mm(a, w2, offs=offs)
 
     def _loop(self, x, counts, scale):
         rows = counts.tolist()

@@ -53,8 +53,8 @@ class PrecisionSettings:
 @dataclass(frozen=True)
 class CompileSettings:
     "What backward recomputes instead of keeping, and whether blocks are compiled."
-    recompute: str = setting_field('none', 'rebuilt in backward: nothing, attention (selective) or whole blocks (full)',
-                                   ('none', 'selective', 'full'))
+    recompute: str = setting_field('none', "rebuilt in backward: nothing, the routed experts' gate|up GEMM (experts), "
+                                   'attention (selective) or whole blocks (full)', ('none', 'experts', 'selective', 'full'))
     compile_blocks: bool = setting_field(False, 'torch.compile each block')
 
 # %% ../nbs/24_run.ipynb #9d1bdff0
@@ -156,8 +156,9 @@ def _check_offload(o: OffloadSettings, recompute: str):
     if o.step_overlap and not o.offload:
         raise UsageError('--step-overlap streams the offloaded optimizer step: add --offload')
     # inside a recomputed block the GEMM hooks would store what the recomputation is meant to rebuild
-    if o.gemm_offload == 'hooks' and recompute != 'none':
-        raise UsageError('--gemm-offload hooks needs --recompute none: recomputed blocks keep nothing to offload')
+    if o.gemm_offload == 'hooks' and recompute not in ('none', 'experts'):
+        raise UsageError('--gemm-offload hooks needs --recompute none or experts: recomputed blocks keep nothing to '
+                         'offload')
     if o.gemm_offload == 'hooks' and not (o.act_offload or o.act_budget is not None):
         raise UsageError('--gemm-offload hooks chooses which saved tensors may go to the host: '
                          'add --act-offload N or --act-budget F')
@@ -196,8 +197,9 @@ def _checkpointed(fn):
     return run
 
 def apply_recompute(model, level):
-    "`full`: recompute whole blocks; `selective`: recompute attention only."
+    "`full`: recompute whole blocks; `selective`: attention only; `experts`: the routed experts' gate|up GEMM."
     for block in model.layers:
+        block.moe.experts.recompute = level == 'experts'
         if level == 'full': block.forward = _checkpointed(block.forward)
         elif level == 'selective': block.attn.forward = _checkpointed(block.attn.forward)
 

@@ -54,7 +54,8 @@ class PrecisionSettings:
 class CompileSettings:
     "What backward recomputes instead of keeping, and whether blocks are compiled."
     recompute: str = setting_field('none', "rebuilt in backward: nothing, the routed experts' gate|up GEMM (experts), "
-                                   'attention (selective) or whole blocks (full)', ('none', 'experts', 'selective', 'full'))
+                                   'attention (selective) or whole blocks (full)',
+                                   ('none', 'experts', 'selective', 'full'))
     compile_blocks: bool = setting_field(False, 'torch.compile each block')
 
 # %% ../nbs/24_run.ipynb #9d1bdff0

@@ -293,9 +293,10 @@ def gather_grouped_mm(x, rows, w, offs):
     return checkpoint(_gather_mm, x, rows, w, offs, use_reentrant=False,
                       context_fn=functools.partial(create_selective_checkpoint_contexts, _recompute_gathers))
 
-def _up(x, rows, w, offs, scale):
-    "The experts' first half: the gate|up grouped GEMM of rows `x[rows]` (or `x`), then the scaled SwiGLU."
-    return scaled_swiglu(torch._grouped_mm(x, w, offs=offs) if rows is None else _gather_mm(x, rows, w, offs), scale)
+def _up(x, rows, w, offs, scale, gather=_gather_mm):
+    """The experts' first half: the gate|up grouped GEMM of rows `x[rows]` (or `x`; `gather` does the gathered GEMM),
+    then the scaled SwiGLU."""
+    return scaled_swiglu(torch._grouped_mm(x, w, offs=offs) if rows is None else gather(x, rows, w, offs), scale)
 
 class Experts(nn.Module):
     "E routed SwiGLU experts as stacked weights: `w_gate_up` [E, 2F, d], `w_down` [E, d, F]."
@@ -319,9 +320,9 @@ class Experts(nn.Module):
     def _grouped(self, x, counts, scale, rows):
         offs = counts.cumsum(0).to(torch.int32)
         w1, w2 = self.w_gate_up.to(x.dtype).transpose(-2, -1), self.w_down.to(x.dtype).transpose(-2, -1)
+        # recomputed, nothing inside is kept, so the plain gather serves; kept, the gather is redone in backward
         if self.recompute: a = checkpoint(_up, x, rows, w1, offs, scale, use_reentrant=False)
-        else: a = scaled_swiglu(torch._grouped_mm(x, w1, offs=offs) if rows is None else
-                                gather_grouped_mm(x, rows, w1, offs), scale)
+        else: a = _up(x, rows, w1, offs, scale, gather=gather_grouped_mm)
         return torch._grouped_mm(a, w2, offs=offs)
 
     def _loop(self, x, counts, scale):

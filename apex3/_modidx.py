@@ -757,6 +757,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                               'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts._swiglu_grad_triton': ( 'fp8_experts.html#_swiglu_grad_triton',
                                                                               'apex3/fp8_experts.py'),
+                                   'apex3.fp8_experts._up_fp8': ('fp8_experts.html#_up_fp8', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts._warn_once': ('fp8_experts.html#_warn_once', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.bench_fp8_experts': ('fp8_experts.html#bench_fp8_experts', 'apex3/fp8_experts.py'),
                                    'apex3.fp8_experts.bench_inputs': ('fp8_experts.html#bench_inputs', 'apex3/fp8_experts.py'),

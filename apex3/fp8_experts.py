@@ -253,23 +253,30 @@ def _mm(t, w, offs, fast_accum=False):
     tq, ts = rowwise_fp8(t)
     return scaled_grouped_mm(tq, w[0].mT, ts, w[1], offs, fast_accum)
 
+def _up_fp8(x, rows, w1, offs, fast_accum):
+    "The first grouped GEMM, `h = x[rows] · W₁ᵀ` [M, 2F] in bf16, from the e4m3 `w1` (forward orientation)."
+    xq, xs = rowwise_fp8(x)                        # each token once, before the gather repeats it k times
+    if rows is not None: xq, xs = xq[rows], xs[rows]
+    return scaled_grouped_mm(xq, w1['fwd'][0].mT, xs, w1['fwd'][1], offs, fast_accum)
+
 class _FP8Experts(torch.autograd.Function):
-    "SwiGLU experts on `x[rows]` with FP8 grouped GEMMs forward; the backward's in FP8 or bf16 (`mode`)."
+    """SwiGLU experts on `x[rows]` with FP8 grouped GEMMs forward; the backward's in FP8 or bf16 (`mode`); with
+    `recompute`, the backward rebuilds `h` rather than keeping it."""
     @staticmethod
-    def forward(ctx, x, rows, gate, offs, w1, w2, qw, mode, fast_accum):
+    def forward(ctx, x, rows, gate, offs, w1, w2, qw, mode, fast_accum, recompute=False):
         fw = qw or [_quantized(w, ORIENTATIONS[:1]) for w in (w1, w2)]   # no cache: cast now, dropped after use
-        xq, xs = rowwise_fp8(x)                    # each token once, before the gather repeats it k times
-        if rows is not None: xq, xs = xq[rows], xs[rows]
-        h = scaled_grouped_mm(xq, fw[0]['fwd'][0].mT, xs, fw[0]['fwd'][1], offs, fast_accum)
+        h = _up_fp8(x, rows, fw[0], offs, fast_accum)
         aq, as_ = rowwise_fp8(h, swiglu=True, gate=gate)
-        ctx.save_for_backward(x, rows, gate, offs, h, w1, w2)
-        ctx.qw, ctx.mode = qw, mode
+        ctx.save_for_backward(x, rows, gate, offs, None if recompute else h, w1, w2)
+        ctx.qw, ctx.mode, ctx.fast_accum = qw, mode, fast_accum
         return scaled_grouped_mm(aq, fw[1]['fwd'][0].mT, as_, fw[1]['fwd'][1], offs, fast_accum)
 
     @staticmethod
     def backward(ctx, dy):
         x, rows, gate, offs, h, w1, w2 = ctx.saved_tensors
         mode, dy = ctx.mode, dy.contiguous()
+        if h is None:   # the forward's GEMM again, from the same e4m3 weights: the same `h`, bit for bit
+            h = _up_fp8(x, rows, ctx.qw[0] if ctx.qw else _quantized(w1, ORIENTATIONS[:1]), offs, ctx.fast_accum)
         qw = ctx.qw or (None if mode == 'bf16' else [_quantized(w, ORIENTATIONS[1:]) for w in (w1, w2)])
         bf = lambda w: w.to(dy.dtype)
         da = grouped_mm(dy, bf(w2), offs) if mode == 'bf16' else _mm(dy, qw[1]['bwd'], offs)
@@ -279,16 +286,17 @@ class _FP8Experts(torch.autograd.Function):
         xg = (x if rows is None else x[rows]).to(dy.dtype)
         if mode == 'fp8': dw1, dw2 = wgrad_fp8(dh, xg, offs), wgrad_fp8(dy, a, offs)
         else: dw1, dw2 = grouped_mm(dh.t(), xg, offs), grouped_mm(dy.t(), a, offs)
-        return dx, None, dgate, None, dw1, dw2, None, None, None
+        return dx, None, dgate, None, dw1, dw2, None, None, None, None
 
-def fp8_experts(experts, x, counts, gate=None, rows=None, mode='mixed', fast_accum=True, cache=True):
+def fp8_experts(experts, x, counts, gate=None, rows=None, mode='mixed', fast_accum=True, cache=True, recompute=False):
     """The routed experts' outputs for `x[rows]` (as `Experts.forward`) with FP8 grouped GEMMs; `mode`: the backward's;
-    `cache`: keep the e4m3 weights until the next optimizer step, else cast them at each use and keep nothing."""
+    `cache`: keep the e4m3 weights until the next optimizer step, else cast them at each use and keep nothing;
+    `recompute`: rebuild the first GEMM's output in backward rather than keep it (`--recompute experts`)."""
     if mode not in BACKWARDS: raise ValueError(f'mode must be one of {BACKWARDS}, not {mode!r}')
     offs = counts.cumsum(0).to(torch.int32)
     if not cache: experts.__dict__.pop('_fp8_weights', None)
     qw = quantized_weights(experts, orientations(mode)) if cache else None
-    return _FP8Experts.apply(x, rows, gate, offs, experts.w_gate_up, experts.w_down, qw, mode, fast_accum)
+    return _FP8Experts.apply(x, rows, gate, offs, experts.w_gate_up, experts.w_down, qw, mode, fast_accum, recompute)
 
 # %% ../nbs/16_fp8_experts.ipynb #e58108ae
 class FP8Experts(Experts):
@@ -296,7 +304,8 @@ class FP8Experts(Experts):
     fp8_backward, fp8_fast_accum, fp8_cache = 'mixed', True, True
     @torch.compiler.disable
     def _grouped(self, x, counts, scale, rows):
-        return fp8_experts(self, x, counts, scale, rows, self.fp8_backward, self.fp8_fast_accum, self.fp8_cache)
+        return fp8_experts(self, x, counts, scale, rows, self.fp8_backward, self.fp8_fast_accum, self.fp8_cache,
+                           self.recompute)
 
 def fp8_experts_ok(experts):
     "Can `experts` take the FP8 path? (dimensions multiples of 16, as the FP8 GEMM needs)"

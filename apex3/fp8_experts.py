@@ -18,7 +18,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from .config import get_config
 from .model import Experts, scaled_swiglu
-from .offload_plan import OffloadPlan, micro_time, offload_plan
+from .offload_plan import OffloadPlan, micro_time, offload_plan, recompute_flops
 from .records import GiB, append_records, attempt, latest_run, load_records, time_fn
 from .usage import UsageError
 try: import triton, triton.language as tl
@@ -374,8 +374,11 @@ def _fp8_timed(p, cfg, backward, cached, cache_gib):
     "`p` with the experts' FP8 saving and the casts of uncached layers in its micro-batch; its step and MFU again."
     params = 3 * cfg.n_experts * cfg.expert_ffn * cfg.d_model
     flop = 6 * p.micro_bs * p.seq * cfg.top_k * params / cfg.n_experts   # each routed row through one expert
+    flop += recompute_flops(cfg, p.micro_bs * p.seq, p.recompute) / cfg.n_layers   # its first GEMM again, in FP8
     saved = p.layers * flop * (1 / EXPERT_TFLOPS['off'] - 1 / EXPERT_TFLOPS[backward]) / 1e12
-    cast = (p.layers - cached) * params * len(orientations(backward)) / WEIGHT_CASTS_PER_S
+    # an uncached layer casts each orientation once, and with recompute the forward's W1 (2/3 of them) again
+    casts = len(orientations(backward)) + (2 / 3 if p.recompute == 'experts' else 0)
+    cast = (p.layers - cached) * params * casts / WEIGHT_CASTS_PER_S
     compute = p.compute_s - saved + cast
     micro, bound = micro_time(compute, p.act_s, p.grads_s, p.host_s)
     step = p.accum * micro + p.optimizer_s
@@ -389,7 +392,7 @@ def fp8_offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs
     planner's down, at which some layout fits, and of those the fastest (backward, layers keeping their cache)."""
     base = offload_plan(config, gpu, host_gib, link_gbs, micro_bs, accum, **kw)
     cfg = dataclasses.replace(get_config(config), n_layers=base.layers)
-    kw |= dict(layers=base.layers, offload_accum=base.accum_on, act_offload=base.act_offload)
+    kw |= dict(layers=base.layers, offload_accum=base.accum_on, act_offload=base.act_offload, recompute=base.recompute)
     fits = lambda p: p.gpu_gib <= p.gpu_budget_gib and p.host_gib <= p.host_budget_gib
     for b in (b for b in _PLAN_BUDGETS if b <= base.act_budget):
         found = []

@@ -211,7 +211,8 @@ class OffloadPlan:
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
         keep = f' --offload-gpu-gib {self.resident_gib:g}' if self.resident_gib else ''
         keep += '' if self.masters == 'split' else f' --offload-masters {self.masters}'
-        return (f'--config {self.config}{depth} --offload --offload-accum {self.accum_on}{keep} --recompute {self.recompute} '
+        return (f'--config {self.config}{depth} --offload --offload-accum {self.accum_on}{keep} '
+                f'--recompute {self.recompute} '
                 f'--act-budget {self.act_budget:g} --gemm-offload hooks --act-offload {self.act_offload} '
                 f'--micro-bs {self.micro_bs} --accum {self.accum} --fp8-experts off')
     def __str__(self):

@@ -491,7 +491,7 @@ def depth_table(path='bench.jsonl', n_layers=14, config='C'):
         cache = '' if fp8.startswith('off') else f.get('fp8_cache', 'on')
         rows.append(dict(date=r.get('date', '')[:16], experts=fp8, cache=cache, act_budget=f.get('act_budget'),
                          accum=f.get('offload_accum'), gpu_gib=f.get('offload_gpu_gib'), overlap=f.get('step_overlap'),
-                         masters=f.get('offload_masters', 'fp32'),
+                         masters=f.get('offload_masters', 'fp32'), recompute=f.get('recompute'),
                          outcome=r.get('reason', 'ok') if r['kind'] == 'bench_failed' else 'ok',
                          step_s=r.get('step_s_median'), mfu_micro=r.get('mfu_micro'),
                          mfu_at_batch=r.get('mfu_at_batch')))

@@ -400,12 +400,18 @@ def join_master_(m, p, lo):
 
 # %% ../nbs/20_offload.ipynb #d76b10eb
 def _n_state(group):
-    "FP32 state tensors per parameter of an optimizer group: Muon's momentum, or AdamW's two moments."
+    "State tensors per parameter of an optimizer group: Muon's momentum, or AdamW's two moments."
     return 1 if 'momentum' in group else 2
+
+def _state_dtypes(group):
+    "Dtypes of a parameter's state: Muon's momentum in its group's `momentum_dtype` (FP32 if None), AdamW's in FP32."
+    return [group.get('momentum_dtype') or torch.float32] * _n_state(group)
+
+def _state_bytes(group): return sum(d.itemsize for d in _state_dtypes(group))
 
 def resident_bytes(p, group):
     "GPU bytes of a parameter kept resident: FP32 master, optimizer state and gradient accumulator."
-    return p.numel() * 4 * (2 + _n_state(group))
+    return p.numel() * (8 + _state_bytes(group))
 
 def choose_resident(params, budget, cost=resident_bytes):
     "The parameters (of `(param, group)` pairs) whose `cost` fits in `budget` bytes: first fit, in order."
@@ -417,16 +423,16 @@ def choose_resident(params, budget, cost=resident_bytes):
     return out
 
 class _Slot:
-    """One parameter's off-model life: FP32 master, optimizer state, gradient accumulator (on the host, or on the GPU).
-    With `split` (a BF16 weight), `master` holds each master's low 16 bits only, as int16: the weight is its high half
-    (`split_master_`)."""
+    """One parameter's off-model life: FP32 master, optimizer state (`_state_dtypes`), gradient accumulator (on the
+    host, or on the GPU). With `split` (a BF16 weight), `master` holds each master's low 16 bits only, as int16: the
+    weight is its high half (`split_master_`)."""
     def __init__(self, p, group, alloc, resident=False, split=False):
         self.p, self.group, self.fresh, self.resident = p, group, True, resident
         self.split = split
         self.master = alloc(p.shape, torch.int16 if split else torch.float32)
         if split: self.master.zero_()   # the weight's own value, exactly: a BF16 number has no low half
         else: self.master.copy_(p.detach())
-        self.state = [alloc(p.shape, torch.float32).zero_() for _ in range(_n_state(group))]
+        self.state = [alloc(p.shape, d).zero_() for d in _state_dtypes(group)]
         self.step = torch.tensor(0.0)
         self.acc = None  # FP32 gradient accumulator: the store gives it one, on the host or on the GPU
     @property
@@ -500,7 +506,7 @@ class HostStore:
 
     def host_bytes_needed(self):
         "Pinned bytes for masters, state, host accumulators, and staging for half the gradients (at least the largest)."
-        state = sum(p.numel() * (self.host_master_bytes(p) + 4 * _n_state(g)) for p, g in self.params()
+        state = sum(p.numel() * (self.host_master_bytes(p) + _state_bytes(g)) for p, g in self.params()
                     if p not in self.resident)
         accs = sum(p.numel() * 4 for p in self._host_accumulated())
         # backward hands over gradients faster than the host adds them (C4: all of them in ~0.3 s, added in ~0.5 s):
@@ -686,32 +692,39 @@ class _Views(NamedTuple):
     "One piece's device views in its chunk's region."
     m: torch.Tensor                 # the FP32 master, updated in place
     g: Optional[torch.Tensor]       # the gradient come up from the host (None: it stays on the device)
-    st: list                        # the FP32 state
+    st: list                        # the state, in its dtypes (`_state_dtypes`)
     lo: Optional[torch.Tensor]      # the master's low halves come up from the host (None: the master is not split)
     @property
     def kept(self): return self.m if self.lo is None else self.lo   # what of the master crosses the link
 
-def _low_numel(chunk):
-    "FP32 elements the low halves of a chunk's split masters take (int16, two an element): 0 where none is split."
-    return (sum(pc.numel for pc in chunk) + 1) // 2 if any(pc.slot.split for pc in chunk) else 0
+def _chunk_dtypes(chunk):
+    "Dtypes of a chunk's device regions, in order: masters, gradients (where they cross), each state, low halves."
+    split = any(pc.slot.split for pc in chunk)
+    return [torch.float32] * (1 + _grad_room(chunk)) + [x.dtype for x in chunk[0].state] + [torch.int16] * split
+
+def _region_numel(n, dtype):
+    "FP32 elements a region of `n` elements of `dtype` takes in the flat FP32 buffer: two 2-byte ones an element."
+    return n if dtype.itemsize == 4 else (n + 1) // 2
 
 def _chunk_views(buf, chunk):
-    """Per-piece `_Views` into a flat device buffer laid out as [masters | gradients | state 0 | state 1 | low halves]
-    of one chunk; without gradient room (every piece accumulates on the device) no gradients, and without a split
-    master no low halves."""
-    total, out, off, g = sum(pc.numel for pc in chunk), [], 0, _grad_room(chunk)
-    at = total * (1 + g + len(chunk[0].state))
-    lows = buf[at:at + _low_numel(chunk)].view(torch.int16)
+    """Per-piece `_Views` into a flat FP32 device buffer laid out as [masters | gradients | state 0 | state 1 | low
+    halves] of one chunk, each region viewed in its dtype (`_chunk_dtypes`); without gradient room (every piece
+    accumulates on the device) no gradients, and without a split master no low halves."""
+    total, at, regions = sum(pc.numel for pc in chunk), 0, []
+    for dt in _chunk_dtypes(chunk):
+        regions.append(buf[at:at + _region_numel(total, dt)].view(dt))
+        at += _region_numel(total, dt)
+    out, off, g = [], 0, _grad_room(chunk)
     for pc in chunk:
-        region = lambda r, off=off, pc=pc: buf[r * total + off: r * total + off + pc.numel].view(pc.master.shape)
-        lo = lows[off:off + pc.numel].view(pc.master.shape) if pc.slot.split else None
-        out.append(_Views(region(0), region(1) if g else None, [region(1 + g + r) for r in range(len(pc.state))], lo))
+        v = [r[off:off + pc.numel].view(pc.master.shape) for r in regions]
+        st, lo = v[1 + g:1 + g + len(pc.state)], v[-1] if pc.slot.split else None
+        out.append(_Views(v[0], v[1] if g else None, st, lo))
         off += pc.numel
     return out
 
 def _chunk_numel(chunk):
     "FP32 elements a chunk takes on the device: masters, gradients (where they cross), state, low halves."
-    return sum(pc.numel for pc in chunk) * (1 + _grad_room(chunk) + len(chunk[0].state)) + _low_numel(chunk)
+    return sum(_region_numel(sum(pc.numel for pc in chunk), dt) for dt in _chunk_dtypes(chunk))
 
 # %% ../nbs/20_offload.ipynb #3b2146e4
 class _Ring:
@@ -983,8 +996,8 @@ def _step(opt):
     opt.wait()
     total = time.perf_counter() - t0
     # masters (or their low halves) and state
-    state_gib = lambda chunks: sum(pc.numel * (pc.master.element_size() + 4 * len(pc.state)) for c in chunks
-                                   for pc in c) / _GiB
+    state_gib = lambda chunks: sum(pc.numel * (pc.master.element_size() + sum(x.element_size() for x in pc.state))
+                                   for c in chunks for pc in c) / _GiB
     opt.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=state_gib(c for c, _ in pre.values()),
                        early_gib=state_gib(early))
 

@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['LINKS', 'GEMM_SAVED', 'ACT_BYTES_PER_TOKEN_D', 'RECOMPUTES', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB',
            'HOST_SLAB_WASTE', 'KERNEL_EFF', 'FORWARD_SHARE', 'HOST_ACCUM_PER_S', 'BOTH_WAYS_SHARE',
-           'BACKWARD_WORKSPACE_GIB', 'link_speed', 'OffloadPricing', 'recompute_flops', 'offload_host_gib',
-           'micro_time', 'OffloadPlan', 'offload_plan', 'plan_main']
+           'BACKWARD_WORKSPACE_GIB', 'MOMENTUM_BYTES', 'link_speed', 'OffloadPricing', 'recompute_flops',
+           'offload_host_gib', 'micro_time', 'OffloadPlan', 'offload_plan', 'plan_main']
 
 # %% ../nbs/21_offload_plan.ipynb #e38926da
 import dataclasses, itertools, json, math
@@ -68,18 +68,21 @@ class OffloadPricing:
     reserve_gib: float = 0.0       # GPU memory held beside the model's tensors (FP8 weight cache, 16_fp8_experts)
     masters: str = 'split'         # the host's masters: low halves beside the BF16 weights, or whole ('fp32')
     recompute: str = 'none'        # --recompute: 'experts' rebuilds the routed experts' projection in backward
+    momentum: str = 'master'       # --muon-momentum: Muon's momentum in the masters' FP32, or 'bf16'
     @property
     def preload_gib(self): return PRELOAD_GIB_BY_MASTERS[self.masters]
 
 # %% ../nbs/21_offload_plan.ipynb #edca842d
-def _per_param(c, counts, accum_on, masters='split'):
-    """Optimizer bytes per parameter, Muon and AdamW averaged, its master split or whole (`masters`): what it keeps and
-    streams up in a step; what comes down."""
+MOMENTUM_BYTES = dict(master=4, bf16=2)   # Muon's momentum a parameter, by --muon-momentum
+
+def _per_param(c, counts, accum_on, masters='split', momentum='master'):
+    """Optimizer bytes per parameter, Muon and AdamW averaged, its master split or whole (`masters`), Muon's momentum
+    as `momentum`: what it keeps and streams up in a step; what comes down."""
     from apex3.config import param_components
     N = counts['total']
     adam_parts = ('embedding', 'lm_head', 'router', 'qk_norm', 'block_norms', 'final_norm')
     adam = sum(r[1] for r in param_components(c) if r[0] in adam_parts)
-    st = (4 * (N - adam) + 8 * adam) / N                            # Muon's momentum, AdamW's two moments
+    st = (MOMENTUM_BYTES[momentum] * (N - adam) + 8 * adam) / N    # Muon's momentum, AdamW's two moments
     # where they live (host, or GPU when kept: GPU accumulators are counted with the gradients) and what a step
     # streams up; masters and state come back down
     m = MASTER_BYTES[masters]
@@ -112,8 +115,8 @@ def _activations_offloaded(c, s):
 def _offload_budgets(c, counts, s: OffloadPricing):
     "GPU bytes, host bytes, activation bytes offloaded per micro-batch, and parameters whose state stays on the GPU."
     N, d = counts['total'], c.d_model
-    per, _ = _per_param(c, counts, s.accum_on, s.masters)
-    per_kept, _ = _per_param(c, counts, s.accum_on, 'fp32')             # state kept on the GPU: whole masters
+    per, _ = _per_param(c, counts, s.accum_on, s.masters, s.momentum)
+    per_kept, _ = _per_param(c, counts, s.accum_on, 'fp32', s.momentum)   # state kept on the GPU: whole masters
     kept = min(N, s.resident_gib * _GiB / per_kept)
     layer_params = (N - 2 * c.vocab_size * d) / c.n_layers
     acts = c.n_layers * (ACT_BYTES_PER_TOKEN_D - _projection(c, s.recompute)[1]) * c.seq_len * s.micro_bs * d
@@ -133,11 +136,11 @@ def _offload_budgets(c, counts, s: OffloadPricing):
     return gpu_bytes, host_bytes, offloaded, kept
 
 def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offload, resident_gib=0.0,
-                     overhead_gib=HOST_OVERHEAD_GIB, masters='split') -> float:
+                     overhead_gib=HOST_OVERHEAD_GIB, masters='split', momentum='master') -> float:
     "Host GiB a one-GPU offload run of `cfg` needs by this model (the benchmark and trainer check it before pinning)."
     from apex3.config import param_counts
     s = OffloadPricing(SimpleNamespace(mem_gb=gpu_mem_gib), micro_bs, accum_on, act_budget, act_offload, resident_gib,
-                        overhead_gib, masters=masters)
+                        overhead_gib, masters=masters, momentum=momentum)
     return _offload_budgets(cfg, param_counts(cfg), s)[1] / _GiB
 
 # %% ../nbs/21_offload_plan.ipynb #4d09ae32
@@ -157,7 +160,7 @@ def _offload_times(c, counts, s: OffloadPricing, offloaded, kept=0, preload=Fals
     """Compute seconds per micro-batch, its link's (activations each way, gradients down) and the host's additions;
     the optimizer step's seconds, and how long its write-backs go on beside the next micro-batches (with `preload`:
     the GPU has room for the ring)."""
-    N, T, (up, down) = counts['total'], s.micro_bs * c.seq_len, _per_param(c, counts, s.accum_on, s.masters)
+    N, T, (up, down) = counts['total'], s.micro_bs * c.seq_len, _per_param(c, counts, s.accum_on, s.masters, s.momentum)
     flops = (6 * counts['active_matmul'] + 12 * c.n_layers * c.n_heads * c.head_dim * c.seq_len) * T
     compute = (flops + recompute_flops(c, T, s.recompute)) / (s.gpu.peak('bf16') * s.kernel_eff)
     one_way = s.link_gbs * 1e9
@@ -206,11 +209,13 @@ class OffloadPlan:
     act_s: float = 0.0       # the activations' seconds on the link, one way (see `micro_time`)
     grads_s: float = 0.0     # the gradients' seconds down to the host (--offload-accum cpu)
     recompute: str = 'none'  # --recompute
+    momentum: str = 'master' # --muon-momentum
     def flags(self):
         "The trainer and benchmark flags this plan recommends."
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
         keep = f' --offload-gpu-gib {self.resident_gib:g}' if self.resident_gib else ''
         keep += '' if self.masters == 'split' else f' --offload-masters {self.masters}'
+        keep += '' if self.momentum == 'master' else f' --muon-momentum {self.momentum}'
         return (f'--config {self.config}{depth} --offload --offload-accum {self.accum_on}{keep} '
                 f'--recompute {self.recompute} '
                 f'--act-budget {self.act_budget:g} --gemm-offload hooks --act-offload {self.act_offload} '
@@ -250,7 +255,7 @@ def _priced(base, c, counts, s: OffloadPricing, accum, host_gib, offload_gpu_gib
                        host_b / _GiB, host_budget, off / _GiB, compute, 2 * act + grads, micro, opt, step,
                        accum * flops / (step * g.peak('bf16')), bound, s.accum_on, s.act_budget, s.act_offload, keep,
                        host_s=host, writeback_s=behind, masters=s.masters, act_s=act, grads_s=grads,
-                       recompute=s.recompute)
+                       recompute=s.recompute, momentum=s.momentum)
 
 # %% ../nbs/21_offload_plan.ipynb #8c1d55c5
 def _flag_sets(act_offload, act_budget):
@@ -262,11 +267,11 @@ def _flag_sets(act_offload, act_budget):
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=None,
                  kernel_eff=KERNEL_EFF, layers=None, offload_accum=None, act_offload=None, offload_gpu_gib=None,
                  host_accum_per_s=HOST_ACCUM_PER_S, reserve_gib=0.0, offload_masters='split',
-                 recompute=None) -> OffloadPlan:
+                 recompute=None, muon_momentum='master') -> OffloadPlan:
     """Plan one-GPU training with host offload: the most layers whose memory fits GPU and host (fewer if the host is
     short), then the fastest flags at that depth; memory on both sides, step time, and the flags. `reserve_gib`: GPU
-    memory held beside the model's tensors (e.g. the FP8 weight cache). `offload_masters`, `recompute`: as the flags
-    (unless told, the faster of `RECOMPUTES`)."""
+    memory held beside the model's tensors (e.g. the FP8 weight cache). `offload_masters`, `recompute`, `muon_momentum`:
+    as the flags (unless told, the faster of `RECOMPUTES`)."""
     from apex3.config import get_config, param_counts
     if act_offload is not None and act_offload < 0:
         raise UsageError(f'--act-offload counts tensors: at least 0, not {act_offload}')
@@ -276,7 +281,7 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
         raise UsageError(f"the one-GPU plan prices --recompute {' or '.join(RECOMPUTES)}, not {recompute!r}")
     g, base = find_gpu(gpu), get_config(config)
     rates = dict(link_gbs=link_speed(link_gbs), kernel_eff=kernel_eff, host_accum_per_s=host_accum_per_s,
-                 reserve_gib=reserve_gib, masters=offload_masters)
+                 reserve_gib=reserve_gib, masters=offload_masters, momentum=muon_momentum)
     fits = lambda p: p.gpu_gib <= p.gpu_budget_gib and p.host_gib <= p.host_budget_gib
     for L in ([layers] if layers else range(base.n_layers, 0, -1)):
         c = dataclasses.replace(base, n_layers=L)
@@ -331,6 +336,8 @@ def _one_gpu_args(one, p):
                      help="rebuild the routed experts' projection in backward (experts) or not (default: the faster)")
     one.add_argument('--offload-masters', choices=list(MASTER_BYTES), default='split',
                      help="the FP32 masters on the host: each BF16 weight's low half (split, the default) or whole")
+    one.add_argument('--muon-momentum', choices=list(MOMENTUM_BYTES), default='master',
+                     help="Muon's momentum in the masters' FP32 (the default) or bf16: 2 bytes fewer each way a step")
     dl = p.add_argument_group('DiLoCo: this plan is one worker of several '
                               '(--link-gbs is then the link between workers)')
     dl.add_argument('--diloco-workers', type=int, help='DiLoCo workers, each one of this plan')
@@ -365,7 +372,7 @@ def _one_gpu_main(a):
     op = offload_plan(a.config, a.gpu, a.host_gib, host_link, a.micro_bs, a.accum, layers=a.layers,
                       offload_accum=a.offload_accum, act_offload=a.act_offload, offload_gpu_gib=a.offload_gpu_gib,
                       host_accum_per_s=a.host_accum_rate * 1e9, offload_masters=a.offload_masters,
-                      recompute=a.recompute)
+                      recompute=a.recompute, muon_momentum=a.muon_momentum)
     dp = None
     if a.diloco_workers:
         dp = diloco_plan(config_params(a.config, op.layers), op.step_s, a.diloco_workers, a.diloco_every,

@@ -107,13 +107,16 @@ def muon_step_offloaded(host_master, host_momentum, grad, device, **kw):
 
 # %% ../nbs/30_optim.ipynb #bd1577e7
 class Muon(torch.optim.Optimizer):
-    "Muon for 2-D and stacked 3-D parameters; same-shape matrices are orthogonalised as one batch."
+    """Muon for 2-D and stacked 3-D parameters; same-shape matrices are orthogonalised as one batch. The momentum is
+    kept in `momentum_dtype` (None: its parameter's dtype)."""
     def __init__(self, params, lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True, adjust_lr_fn='original',
-                 row_blocks=1, ns_steps=NS_STEPS, ns_coefficients=NS_COEFFS, eps=NS_EPS, max_numel=2**28):
+                 row_blocks=1, ns_steps=NS_STEPS, ns_coefficients=NS_COEFFS, eps=NS_EPS, max_numel=2**28,
+                 momentum_dtype=None):
         muon_scale((1, 1), adjust_lr_fn)  # validate early
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                                       adjust_lr_fn=adjust_lr_fn, row_blocks=row_blocks, ns_steps=ns_steps,
-                                      ns_coefficients=tuple(ns_coefficients), eps=eps, max_numel=max_numel))
+                                      ns_coefficients=tuple(ns_coefficients), eps=eps, max_numel=max_numel,
+                                      momentum_dtype=momentum_dtype))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -123,9 +126,17 @@ class Muon(torch.optim.Optimizer):
         for g in self.param_groups:
             ps = [p for p in g['params'] if p.grad is not None]
             if not ps: continue
-            bufs = [self.state[p].setdefault('momentum_buffer', torch.zeros_like(p)) for p in ps]
+            for p in ps:
+                if not self.state[p]: self.state[p]['momentum_buffer'] = torch.zeros_like(p, dtype=g['momentum_dtype'])
+            bufs = [self.state[p]['momentum_buffer'] for p in ps]
             muon_update_chunk(ps, bufs, [p.grad for p in ps], **muon_group_kwargs(g))
         return loss
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)   # which casts each momentum to its parameter's dtype: back to the group's
+        for g in self.param_groups:
+            for p in (p for p in g['params'] if self.state[p]):
+                self.state[p]['momentum_buffer'] = self.state[p]['momentum_buffer'].to(g['momentum_dtype'] or p.dtype)
 
 def muon_group_kwargs(g):
     "The `muon_update_chunk` keywords for a `Muon` param group (the offload trainer streams chunks with these)."
@@ -210,13 +221,14 @@ def _muon_groups(named, split_gate_up):
     return [g for g in (dict(params=rest), dict(params=fused, row_blocks=2)) if g['params']]
 
 def build_optimizer(model, lr=3e-4, muon_lr=None, weight_decay=0.1, adjust_lr_fn='match_rms_adamw', momentum=0.95,
-                    betas=(0.9, 0.95), eps=1e-8, use_muon=True, split_gate_up=True):
-    "Muon+AdamW over `param_groups(model)`; `use_muon=False` gives AdamW alone (the baseline)."
+                    betas=(0.9, 0.95), eps=1e-8, use_muon=True, split_gate_up=True, momentum_dtype=None):
+    """Muon+AdamW over `param_groups(model)`; `use_muon=False` gives AdamW alone (the baseline); Muon's momentum in
+    `momentum_dtype` (None: its parameter's)."""
     if muon_lr is None: muon_lr = lr if adjust_lr_fn == 'match_rms_adamw' else 0.02
     g = param_groups(model)
     ps = lambda k: [p for _, p in g[k]]
     muon = Muon(_muon_groups(g['muon'], split_gate_up), lr=muon_lr, weight_decay=weight_decay, momentum=momentum,
-                adjust_lr_fn=adjust_lr_fn) if use_muon and g['muon'] else None
+                adjust_lr_fn=adjust_lr_fn, momentum_dtype=momentum_dtype) if use_muon and g['muon'] else None
     groups = [dict(params=ps('adamw') + ([] if muon else ps('muon')), weight_decay=weight_decay, name='adamw'),
               dict(params=ps('adamw_no_decay'), weight_decay=0.0, name='adamw_no_decay')]
     adamw = torch.optim.AdamW([x for x in groups if x['params']], lr=lr, betas=betas, eps=eps)

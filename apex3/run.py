@@ -82,8 +82,15 @@ class OffloadSettings:
 
 @dataclass(frozen=True)
 class OptimSettings:
-    "The optimizer's learning rate (its schedule is the trainer's)."
+    "The optimizer's learning rate (its schedule is the trainer's) and the dtype of Muon's momentum."
     lr: float = setting_field(3e-4, 'peak learning rate')
+    muon_momentum: str = setting_field('master', "dtype of Muon's momentum: the weights' it steps (master: FP32 "
+                                       'masters with --offload), or bf16 (2 bytes a parameter, a third fewer bytes '
+                                       "over the host link in --offload's step)", ('master', 'bf16'))
+
+    def optimizer_kwargs(self):
+        "The `build_optimizer` keywords of these settings (chapter `30_optim`)."
+        return dict(lr=self.lr, momentum_dtype=torch.bfloat16 if self.muon_momentum == 'bf16' else None)
 
 def _default_device() -> str: return 'cuda' if torch.cuda.is_available() else 'cpu'
 
@@ -242,7 +249,8 @@ def check_host_memory(s: RunSettings, cfg, device):
     keep = 1.0 if o.act_budget is None else o.act_budget   # no budget: beyond --act-offload they stay on the GPU
     overhead = HOST_OVERHEAD_GIB if device.type == 'cuda' else 0   # a CUDA process's own, on a GPU only
     need = offload_host_gib(cfg, _device_memory(device) / GiB, s.model.micro_bs, keep, o.offload_accum, o.act_offload,
-                            resident_gib=o.offload_gpu_gib, overhead_gib=overhead, masters=o.offload_masters)
+                            resident_gib=o.offload_gpu_gib, overhead_gib=overhead, masters=o.offload_masters,
+                            momentum=s.optim.muon_momentum)
     have = host_available_bytes() / GiB
     if need > have:
         raise UsageError(f'--offload needs about {need:.0f} GiB of host memory for {cfg.name} with {cfg.n_layers} '
@@ -255,10 +263,10 @@ def _optimizer(model, s: RunSettings):
     from apex3.optim import build_optimizer
     from apex3.offload import OffloadOptimizer
     o = s.offload
-    if not o.offload: return build_optimizer(model, lr=s.optim.lr)
+    if not o.offload: return build_optimizer(model, **s.optim.optimizer_kwargs())
     return OffloadOptimizer(model, accum=o.offload_accum, gpu_bytes=int(o.offload_gpu_gib * GiB),
                             accum_gpu_bytes=int(o.offload_accum_gpu_gib * GiB), overlap=o.step_overlap,
-                            split=o.offload_masters == 'split', lr=s.optim.lr)
+                            split=o.offload_masters == 'split', **s.optim.optimizer_kwargs())
 
 def _activation_offload(model, o: OffloadSettings, device):
     "Saved tensors sent to host memory (chapter `20_offload`), or None when no setting asks for it."

@@ -212,7 +212,7 @@ def build_run(s: RunSettings, d, fsdp=False, fsdp_param_dtype=None):
     run.sharded = fsdp and d.world > 1
     if run.sharded:
         shard_model(run.model, (fsdp_param_dtype or ('bf16' if run.device.type == 'cuda' else 'fp32')) == 'bf16')
-        run.opt = build_optimizer(run.model, lr=s.optim.lr)
+        run.opt = build_optimizer(run.model, **s.optim.optimizer_kwargs())
         # skipping the reduce of early micro-batches keeps an unsharded fp32 gradient of every parameter on each rank
         full_grad = 4 * sum(p.numel() for p in run.model.parameters())
         run.defer_sync = full_grad <= 0.1 * device_memory_bytes(run.device)

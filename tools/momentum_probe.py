@@ -1,5 +1,5 @@
-"""Does Muon's momentum in BF16 shorten the offloaded step by the bytes it saves? Probe on the GPU machine: the step of C
-with two layers (gradients on the GPU, split masters) with FP32 and BF16 momentum, its copy seconds each way and its
+"""Does Muon's momentum in BF16 shorten the offloaded step by the bytes it saves? Probe on the GPU machine: the step of
+C with two layers (gradients on the GPU, split masters) with FP32 and BF16 momentum, its copy seconds each way and its
 bytes; and raw pinned copies up, aligned and 2 bytes off.   usage: python3 tools/momentum_probe.py OUT.json"""
 import json, sys, time
 import torch

@@ -279,6 +279,8 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
         raise UsageError(f'--offload-gpu-gib is at least 0, not {offload_gpu_gib:g}')
     if recompute is not None and recompute not in RECOMPUTES:
         raise UsageError(f"the one-GPU plan prices --recompute {' or '.join(RECOMPUTES)}, not {recompute!r}")
+    if muon_momentum not in MOMENTUM_BYTES:
+        raise UsageError(f"--muon-momentum is {' or '.join(MOMENTUM_BYTES)}, not {muon_momentum!r}")
     g, base = find_gpu(gpu), get_config(config)
     rates = dict(link_gbs=link_speed(link_gbs), kernel_eff=kernel_eff, host_accum_per_s=host_accum_per_s,
                  reserve_gib=reserve_gib, masters=offload_masters, momentum=muon_momentum)

@@ -45,6 +45,28 @@ def test_round_trip_nested(tmp_path):
     with pytest.raises(UsageError, match='has no rng'): load_checkpoint(p, ['model', 'rng'])
     with pytest.raises(UsageError, match='not a checkpoint'): load_checkpoint(tmp_path / 'nope')
 
+def test_offload_bf16_momentum_resumes(tmp_path):
+    "The host optimizer, Muon's momentum in BF16, through a checkpoint: the dtype stays, the run goes on bit for bit."
+    from apex3.config import get_config
+    from apex3.model import Transformer
+    from apex3.offload import OffloadOptimizer, PinnedPool
+    def built():
+        torch.manual_seed(0)
+        m = Transformer(get_config('tiny'))
+        return m, OffloadOptimizer(m, pool=PinnedPool(2**26, pin=False), momentum_dtype=torch.bfloat16)
+    def step(m, o, g):
+        x = torch.randint(0, 256, (2, 33), generator=g)
+        m(x[:, :-1], x[:, 1:]).backward(); o.step(); o.zero_grad()
+    (m, o), g = built(), torch.Generator().manual_seed(1)
+    for _ in range(2): step(m, o, g)
+    back = load_checkpoint(save_checkpoint(tmp_path, 10, {'model': m.state_dict(), 'optimizer': o.state_dict()}))
+    m2, o2 = built()
+    m2.load_state_dict(back['model']); o2.load_state_dict(back['optimizer'])
+    assert {x.dtype for s in o2.slots if 'momentum' in s.group for x in s.state} == {torch.bfloat16}
+    at = g.get_state()
+    step(m, o, g); g.set_state(at); step(m2, o2, g)
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters()))
+
 def test_sha256sum_reads_our_sums(tmp_path):
     if not shutil.which('sha256sum'): pytest.skip('no sha256sum')
     p = save_checkpoint(tmp_path, 1, small_state())

@@ -1103,6 +1103,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'apex3.offload._chunk_dtypes': ('offload.html#_chunk_dtypes', 'apex3/offload.py'),
                                'apex3.offload._chunk_numel': ('offload.html#_chunk_numel', 'apex3/offload.py'),
                                'apex3.offload._chunk_views': ('offload.html#_chunk_views', 'apex3/offload.py'),
+                               'apex3.offload._crossing_bytes': ('offload.html#_crossing_bytes', 'apex3/offload.py'),
                                'apex3.offload._cut_runs': ('offload.html#_cut_runs', 'apex3/offload.py'),
                                'apex3.offload._dense': ('offload.html#_dense', 'apex3/offload.py'),
                                'apex3.offload._fetch': ('offload.html#_fetch', 'apex3/offload.py'),

@@ -702,6 +702,10 @@ def _chunk_dtypes(chunk):
     split = any(pc.slot.split for pc in chunk)
     return [torch.float32] * (1 + _grad_room(chunk)) + [x.dtype for x in chunk[0].state] + [torch.int16] * split
 
+def _crossing_bytes(pc):
+    "Bytes an element of piece (or slot) `pc` moves each way in a step: its master (or low half) and its state."
+    return pc.master.element_size() + sum(x.element_size() for x in pc.state)
+
 def _region_numel(n, dtype):
     "FP32 elements a region of `n` elements of `dtype` takes in the flat FP32 buffer: two 2-byte ones an element."
     return n if dtype.itemsize == 4 else (n + 1) // 2
@@ -712,8 +716,9 @@ def _chunk_views(buf, chunk):
     accumulates on the device) no gradients, and without a split master no low halves."""
     total, at, regions = sum(pc.numel for pc in chunk), 0, []
     for dt in _chunk_dtypes(chunk):
-        regions.append(buf[at:at + _region_numel(total, dt)].view(dt))
-        at += _region_numel(total, dt)
+        n = _region_numel(total, dt)
+        regions.append(buf[at:at + n].view(dt))
+        at += n
     out, off, g = [], 0, _grad_room(chunk)
     for pc in chunk:
         v = [r[off:off + pc.numel].view(pc.master.shape) for r in regions]
@@ -724,7 +729,8 @@ def _chunk_views(buf, chunk):
 
 def _chunk_numel(chunk):
     "FP32 elements a chunk takes on the device: masters, gradients (where they cross), state, low halves."
-    return sum(_region_numel(sum(pc.numel for pc in chunk), dt) for dt in _chunk_dtypes(chunk))
+    total = sum(pc.numel for pc in chunk)
+    return sum(_region_numel(total, dt) for dt in _chunk_dtypes(chunk))
 
 # %% ../nbs/20_offload.ipynb #3b2146e4
 class _Ring:
@@ -996,8 +1002,7 @@ def _step(opt):
     opt.wait()
     total = time.perf_counter() - t0
     # masters (or their low halves) and state
-    state_gib = lambda chunks: sum(pc.numel * (pc.master.element_size() + sum(x.element_size() for x in pc.state))
-                                   for c in chunks for pc in c) / _GiB
+    state_gib = lambda chunks: sum(pc.numel * _crossing_bytes(pc) for c in chunks for pc in c) / _GiB
     opt.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=state_gib(c for c, _ in pre.values()),
                        early_gib=state_gib(early))
 

@@ -6,11 +6,11 @@ import torch
 from apex3.bench import copy_gbs, kernel_spans, overlap_s
 from apex3.config import get_config
 from apex3.model import Transformer
-from apex3.offload import OffloadOptimizer
+from apex3.offload import OffloadOptimizer, _crossing_bytes
 
 def _step_bytes(opt):
     "Bytes one step moves each way: every offloaded slot's kept master and its state."
-    return sum(s.master.nbytes + sum(x.nbytes for x in s.state) for s in opt.slots if not s.resident)
+    return sum(s.master.numel() * _crossing_bytes(s) for s in opt.slots if not s.resident)
 
 def step_probe(momentum_dtype, n_layers=2):
     "Walls of three steps, then one profiled: copy seconds each way, both at once, and GB/s each way."

@@ -4,16 +4,20 @@
 
 # %% auto #0
 __all__ = ['NS_COEFFS', 'NS_STEPS', 'NS_EPS', 'ADAMW_NAMES', 'DECAYS', 'newton_schulz', 'muon_scale', 'shape_buckets',
-           'muon_update_chunk', 'muon_step_offloaded', 'Muon', 'muon_group_kwargs', 'matrix_views', 'param_group_of',
-           'param_groups', 'param_group_table', 'model_meta', 'MuonAdamW', 'build_optimizer', 'WSD', 'stdlib_bytes',
-           'batches', 'train_losses', 'hidden_matrices', 'bench_muon_C', 'compare_losses_gpu']
+           'fused_here', 'fused_or_torch', 'momentum_update_', 'apply_update_', 'muon_update_chunk',
+           'muon_step_offloaded', 'Muon', 'muon_group_kwargs', 'matrix_views', 'param_group_of', 'param_groups',
+           'param_group_table', 'model_meta', 'MuonAdamW', 'build_optimizer', 'WSD', 'stdlib_bytes', 'batches',
+           'train_losses', 'hidden_matrices', 'bench_muon_C', 'compare_losses_gpu']
 
 # %% ../nbs/30_optim.ipynb #ae8fb60c
-import math, time
+import functools, logging, math, time
 from collections import defaultdict
 from pathlib import Path
 import torch
 from torch import nn
+from .kernels import triton_interpreting
+try: import triton, triton.language as tl
+except ImportError: triton = tl = None   # the update's elementwise steps run in PyTorch
 
 # %% ../nbs/30_optim.ipynb #d60d6249
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # Keller Jordan's quintic: maximal slope at zero
@@ -79,6 +83,91 @@ def _orthogonalise(updates, row_blocks, ns_steps, coeffs, eps, max_numel):
         for i, o in zip(idx, X.split([parts[i].size(0) for i in idx])): out[i] = o.reshape(updates[i].shape)
     return out
 
+# %% ../nbs/30_optim.ipynb #26808f0c
+_log = logging.getLogger(__name__)
+_FUSED_OK = [True]
+_BLOCK = 4096   # elements per program: a memory-bound pass
+
+def fused_here(t):
+    "Whether Triton kernels run on `t`: CUDA tensors, or CPU ones inside Triton's CPU interpreter."
+    return triton is not None and _FUSED_OK[0] and (t.is_cuda or (t.device.type == 'cpu' and triton_interpreting()))
+
+def fused_or_torch(kernel, torch_fn, *tensors, what='Muon update'):
+    """`kernel(*tensors)` where `fused_here` (contiguous tensors), else `torch_fn(*tensors)`. A kernel that cannot
+    build fails before it writes anything: PyTorch takes over, from then on, and says so once."""
+    if fused_here(tensors[0]) and all(t.is_contiguous() for t in tensors if torch.is_tensor(t)):
+        try: return kernel(*tensors)
+        except Exception as e:
+            _FUSED_OK[0] = False
+            _log.warning(f'{what}: Triton kernel unavailable ({type(e).__name__}: {str(e)[:200]}), using PyTorch')
+    return torch_fn(*tensors)
+
+def _grid(n): return (triton.cdiv(n, _BLOCK),)
+def _near_start(w): return abs(w) < 0.5   # torch's lerp: from the start for small weights, from the end else
+
+# %% ../nbs/30_optim.ipynb #61a2c609
+@functools.cache
+def _momentum_kernel(interpret):
+    "The momentum and Nesterov `lerp`s in one pass (built for the GPU or, with `interpret`, Triton's interpreter)."
+    @triton.jit
+    def kernel(m_ptr, g_ptr, u_ptr, n, w, wn, SMALL: tl.constexpr, NSMALL: tl.constexpr, NESTEROV: tl.constexpr,
+               BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        b = tl.load(m_ptr + offs, mask=mask).to(tl.float32)
+        g = tl.load(g_ptr + offs, mask=mask).to(m_ptr.dtype.element_ty).to(tl.float32)
+        if SMALL: b = b + w * (g - b)
+        else: b = g - (g - b) * (1.0 - w)
+        b = b.to(m_ptr.dtype.element_ty)
+        tl.store(m_ptr + offs, b, mask=mask)
+        if NESTEROV:
+            b = b.to(tl.float32)
+            if NSMALL: u = g + wn * (b - g)
+            else: u = b - (b - g) * (1.0 - wn)
+            tl.store(u_ptr + offs, u.to(u_ptr.dtype.element_ty), mask=mask)
+    return kernel
+
+def _momentum_triton(m, g, mu, nesterov):
+    u = torch.empty_like(m) if nesterov else m
+    _momentum_kernel(triton_interpreting())[_grid(m.numel())](m, g, u, m.numel(), 1 - mu, mu, _near_start(1 - mu),
+                                                              _near_start(mu), nesterov, _BLOCK)
+    return u
+
+def _momentum_torch(m, g, mu, nesterov):
+    g = g.to(m.dtype)
+    m.lerp_(g, 1 - mu)
+    return g.lerp(m, mu) if nesterov else m
+
+def momentum_update_(m, g, mu, nesterov=True):
+    "Muon's momentum `m` <- lerp(m, g, 1 - mu) in place (`g` in `m`'s dtype first); returns what to orthogonalise."
+    return fused_or_torch(lambda m, g: _momentum_triton(m, g, mu, nesterov),
+                          lambda m, g: _momentum_torch(m, g, mu, nesterov), m, g)
+
+# %% ../nbs/30_optim.ipynb #8835ffee
+@functools.cache
+def _apply_kernel(interpret):
+    "Decay and scaled add in one pass, each rounded to the weight's dtype as torch's `mul_` and `add_` round."
+    @triton.jit
+    def kernel(p_ptr, o_ptr, n, decay, alpha, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        dt = p_ptr.dtype.element_ty
+        x = (tl.load(p_ptr + offs, mask=mask).to(tl.float32) * decay).to(dt).to(tl.float32)
+        o = tl.load(o_ptr + offs, mask=mask).to(dt).to(tl.float32)
+        tl.store(p_ptr + offs, (x + alpha * o).to(dt), mask=mask)
+    return kernel
+
+def _apply_torch(p, o, decay, alpha):
+    p.mul_(decay)
+    p.add_(o.to(p.dtype), alpha=alpha)
+
+def apply_update_(p, o, decay, alpha):
+    "`p` <- p * decay + alpha * o in place, rounded as `p.mul_(decay).add_(o, alpha=alpha)` rounds."
+    o = o.contiguous() if fused_here(p) else o   # a tall matrix's update comes back transposed
+    fused_or_torch(lambda p, o: _apply_kernel(triton_interpreting())[_grid(p.numel())](p, o, p.numel(), decay, alpha,
+                                                                                       _BLOCK),
+                   lambda p, o: _apply_torch(p, o, decay, alpha), p, o)
+
 # %% ../nbs/30_optim.ipynb #0432ab23
 @torch.no_grad()
 def muon_update_chunk(master, momentum, grad, *, lr, weight_decay=0.1, mu=0.95, nesterov=True, adjust_lr_fn='original',
@@ -88,12 +177,10 @@ def muon_update_chunk(master, momentum, grad, *, lr, weight_decay=0.1, mu=0.95, 
     ks = [row_blocks] * len(master) if isinstance(row_blocks, int) else list(row_blocks)
     for p in master:
         if p.ndim not in (2, 3): raise ValueError(f'Muon takes 2-D or stacked 3-D tensors, got {tuple(p.shape)}')
-    grad = [g.to(b.dtype) for g, b in zip(grad, momentum)]
-    torch._foreach_lerp_(momentum, grad, 1 - mu)  # B = mu*B + (1-mu)*g
-    upd = [g.lerp(b, mu) for g, b in zip(grad, momentum)] if nesterov else list(momentum)
+    upd = [momentum_update_(b, g, mu, nesterov) for b, g in zip(momentum, grad)]   # B = mu*B + (1-mu)*g
     for p, o, k in zip(master, _orthogonalise(upd, ks, ns_steps, coeffs, eps, max_numel), ks):
-        p.mul_(1 - lr * weight_decay)  # decoupled decay uses the unscaled lr, like torch.optim.Muon
-        p.add_(o.to(p.dtype), alpha=-lr * muon_scale((p.shape[-2] // k, p.shape[-1]), adjust_lr_fn))
+        # decoupled decay uses the unscaled lr, like torch.optim.Muon
+        apply_update_(p, o, 1 - lr * weight_decay, -lr * muon_scale((p.shape[-2] // k, p.shape[-1]), adjust_lr_fn))
 
 # %% ../nbs/30_optim.ipynb #9261a8c2
 @torch.no_grad()

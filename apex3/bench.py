@@ -14,6 +14,7 @@ import torch
 from .usage import ArgParser, UsageError, run_command
 from .config import param_counts
 from .records import append_records, device_peak_tflops, GiB
+from .optim import fused_here
 from .run import (RunSettings, Run, add_run_flags, add_settings_flags, setting_field, settings_from_args,
                        settings_from_flags, run_flags, check_run_settings, micro_flops, micro_step, last_micro_starts,
                        optimizer_step, status_gib, host_memory)
@@ -286,6 +287,7 @@ def _bench(s, b, dog):
                 tokens_per_s=m.accum * m.micro_bs * cfg.seq_len / step_s, mfu_at_batch=mfu(step_s, m.accum),
                 mfu_micro=mfu(micro_s, 1), peak_tflops=peak, router_max_mean=t['loads'].max().item(),
                 loss_first=t['losses'][0], loss_last=t['losses'][-1], params=param_counts(cfg)['total'], profile=prof,
+                fused_update=fused_here(next(run.model.parameters())),   # Muon's elementwise steps in Triton (30_optim)
                 **_memory_fields(run, t, (b.warmup + b.steps) * m.accum), **phases, **link)
 
 # %% ../nbs/25_bench.ipynb #4675b713

@@ -190,11 +190,13 @@ def _numpy_array_globals():
     return [core.multiarray._reconstruct, numpy.ndarray, numpy.dtype, *dtype_classes]
 
 def load_component(file, map_location='cpu'):
-    "`torch.load` one component with `weights_only=True`; a file that needs anything else raises `UsageError` unrun."
+    """`torch.load` one component with `weights_only=True`; a file that needs anything else raises `UsageError` unrun.
+    Its tensors are mapped from the file, not read into memory: resuming C16 from its tens of GB of host optimizer
+    state needs no second copy of it (pages come in as they are copied to where they go)."""
     import pickle
     try:
         with torch.serialization.safe_globals(_numpy_array_globals()):
-            return torch.load(file, map_location=map_location, weights_only=True)
+            return torch.load(file, map_location=map_location, weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
         what = str(e).split('WeightsUnpickler error:')[-1].strip().splitlines()[0][:160]
         raise UsageError(f'{file} holds more than tensors and plain values, refused unloaded ({what})') from None

@@ -6,7 +6,8 @@
 __all__ = ['SLAB_BYTES', 'ALIGN', 'HOST_SPARE', 'GPU_HEADROOM', 'HALVES_BLOCK', 'EARLY_IN_FLIGHT', 'host_available_bytes',
            'PinnedPool', 'accum_kernel', 'accumulate_', 'ActivationOffload', 'is_gemm_module', 'gemm_offload_hooks',
            'split_master_', 'join_master_', 'resident_bytes', 'choose_resident', 'HostStore', 'GradientInbox',
-           'UpdateSchedule', 'ChunkMover', 'Preloader', 'OffloadOptimizer', 'masters_pair', 'EarlyStream']
+           'UpdateSchedule', 'ChunkMover', 'Preloader', 'OffloadOptimizer', 'masters_pair', 'EarlyStream',
+           'forward_stages', 'gate_hooks']
 
 # %% ../nbs/20_offload.ipynb #b5b880af
 import collections, contextlib, ctypes, functools, itertools, logging, math, os, sys, threading, time, weakref
@@ -497,6 +498,21 @@ class _Slot:
         self.master.copy_(lo)
         self.p.copy_(p)
 
+    def saved_master(self) -> dict:
+        """What a checkpoint keeps of the master, built from nothing: split, the low halves (the host buffer itself; the
+        weight, saved with the model, is the high half); whole, the FP32 master (the buffer, a copy where resident)."""
+        return dict(low=self.master) if self.split else dict(master=self.master.cpu())
+
+    @torch.no_grad()
+    def load_master(self, saved):
+        """Restore what `saved_master` kept, into a split slot or a whole one. Low halves complete the weight they were
+        saved beside, so the model's weights load first."""
+        if 'master' in saved: return self.set_master(saved['master'])
+        if self.split: return self.master.copy_(saved['low'])
+        m = torch.empty(self.p.shape)
+        join_master_(m, self.p.detach().cpu().to(torch.bfloat16), saved['low'].contiguous())
+        self.set_master(m)
+
 # %% ../nbs/20_offload.ipynb #93aa57e3
 class HostStore:
     """Every parameter's `_Slot`, its master and state in a `PinnedPool` but for the `gpu_bytes` kept resident on the
@@ -564,14 +580,15 @@ class HostStore:
             if 'momentum' not in s.group: s.step += 1   # once, however many pieces it took
 
     def saved(self):
-        "Each slot's FP32 master, optimizer state and step, as host tensors."
-        return [dict(master=s.fp32_master(), state=[x.cpu() for x in s.state], step=s.step) for s in self.slots]
+        """Each slot's master (`_Slot.saved_master`), optimizer state and step: the host buffers themselves, so a
+        checkpoint builds no FP32 masters (47 GB at C16) and copies no state in host memory."""
+        return [dict(**s.saved_master(), state=[x.cpu() for x in s.state], step=s.step) for s in self.slots]
 
     @torch.no_grad()
     def restore(self, saved):
-        "Copy `saved` (from `saved`) into the slots; the working weights follow the masters."
+        "Copy `saved` (from `saved`) into the slots, after the model's weights; the weights follow whole masters."
         for s, d in zip(self.slots, saved):
-            s.set_master(d['master'])
+            s.load_master(d)
             s.step.copy_(d['step'])
             for h, x in zip(s.state, d['state']): h.copy_(x)
 
@@ -679,14 +696,20 @@ def _pieces(s, limit):
     ends = [n * i // k for i in range(k + 1)]
     return [_Piece(s, slice(a, b)) for a, b in zip(ends, ends[1:])]
 
-def _update(chunk, m, st, gr):
-    "Run the group's update on device tensors of one chunk of pieces."
+def _update_kwargs(chunk):
+    "The keywords of a chunk's update, its group's hyperparameters as they are now (a pipelined update runs later)."
     g = chunk[0].group
-    if 'momentum' in g: muon_update_chunk(m, [x[0] for x in st], gr, **muon_group_kwargs(g))
-    else:   # every piece of a parameter steps from the same count: copies, advanced once for the parameter
-        _adamw.adamw(m, gr, [x[0] for x in st], [x[1] for x in st], [], [pc.slot.step.clone() for pc in chunk],
-                     foreach=g['foreach'], amsgrad=False, beta1=g['betas'][0], beta2=g['betas'][1], lr=g['lr'],
-                     weight_decay=g['weight_decay'], eps=g['eps'], maximize=False)
+    if 'momentum' in g: return muon_group_kwargs(g)
+    # every piece of a parameter steps from the same count: copies, advanced once for the parameter
+    return dict(state_steps=[pc.slot.step.clone() for pc in chunk], foreach=g['foreach'], amsgrad=False,
+                beta1=g['betas'][0], beta2=g['betas'][1], lr=g['lr'], weight_decay=g['weight_decay'], eps=g['eps'],
+                maximize=False)
+
+def _update(chunk, m, st, gr, kw=None):
+    "Run the group's update on device tensors of one chunk of pieces, with `kw` (`_update_kwargs`, by default now's)."
+    kw = _update_kwargs(chunk) if kw is None else kw
+    if 'momentum' in chunk[0].group: muon_update_chunk(m, [x[0] for x in st], gr, **kw)
+    else: _adamw.adamw(m, gr, [x[0] for x in st], [x[1] for x in st], [], **kw)
 
 def _update_resident(chunk):
     "Update a chunk where its state lives (resident on the GPU) and set the model's weights from it."
@@ -839,17 +862,17 @@ class ChunkMover:
             up = torch.cuda.current_stream().record_event() if self.cuda else None
         return chunk, region, views, up
 
-    def update_and_write_back(self, ring, loaded, stream=None):
-        """Update a chunk `take_and_load` placed, once its copies are up, on `stream` (the current one by default);
-        set the model's weights; send masters and state down. Returns the event that marks the write-back's end (None
-        on the CPU)."""
+    def update_and_write_back(self, ring, loaded, stream=None, kw=None):
+        """Update a chunk `take_and_load` placed (with `_update`'s `kw`), once its copies are up, on `stream` (the
+        current one by default); set the model's weights; send masters and state down. Returns the event that marks
+        the write-back's end (None on the CPU)."""
         chunk, region, views, up = loaded
         with self.on(stream):
             if up is not None: torch.cuda.current_stream().wait_event(up)
             for pc, v in zip(chunk, views):
                 if v.lo is not None: join_master_(v.m, pc.p, v.lo)   # high half: the weight less its carry
             _update(chunk, [v.m for v in views], [v.st for v in views],
-                    [pc.acc if _grad_stays(pc) else v.g for pc, v in zip(chunk, views)])
+                    [pc.acc if _grad_stays(pc) else v.g for pc, v in zip(chunk, views)], kw)
             for pc, v in zip(chunk, views):   # the new working weights, in the model's dtype
                 if v.lo is None: pc.p.copy_(v.m)
                 else: split_master_(v.m, pc.p, v.lo)
@@ -941,11 +964,14 @@ class Preloader:
 # %% ../nbs/20_offload.ipynb #9f1d13ab
 class OffloadOptimizer:
     """Muon+AdamW with FP32 masters, optimizer state and gradient accumulation off the GPU (but for `gpu_bytes` of it);
-    with `split`, a BF16 weight's master on the host is its low half (`split_master_`)."""
+    with `split`, a BF16 weight's master on the host is its low half (`split_master_`); with `overlap` the step
+    streams during the last backward (`EarlyStream`), and with `pipeline` too beside the next forward."""
     def __init__(self, model, accum='cpu', pool=None, chunk_bytes=CHUNK_BYTES, gpu_bytes=0, accum_gpu_bytes=0,
-                 overlap=False, split=True, **opt_kwargs):
+                 overlap=False, pipeline=False, split=True, **opt_kwargs):
+        if pipeline and not overlap:
+            raise UsageError("a pipelined step goes on from the overlapped one's streams and thread: add `overlap`")
         self.reference = build_optimizer(model, **opt_kwargs)  # the groups and hyperparameters; its state stays empty
-        self.accum, self.chunk_bytes, self.overlap = accum, chunk_bytes, overlap
+        self.accum, self.chunk_bytes, self.overlap, self.pipeline = accum, chunk_bytes, overlap, pipeline
         self.store = HostStore(self.reference.param_groups, accum, pool, gpu_bytes, accum_gpu_bytes, split)
         self.slots, self.pool = self.store.slots, self.store.pool
         self.resident_gib, self.accum_gpu_gib = self.store.resident_gib, self.store.accum_gpu_gib
@@ -955,15 +981,20 @@ class OffloadOptimizer:
         self.staging = self.inbox.staging   # since construction: see `GradientInbox._stage`
         self.schedule = UpdateSchedule(self.store, chunk_bytes)
         self.preloader = Preloader(self.schedule, self.mover)
-        self.early = EarlyStream(self.schedule, self.mover, self.inbox) if overlap else None
+        gated = model if pipeline else None
+        self.early = EarlyStream(self.schedule, self.mover, self.inbox, gated) if overlap else None
         # of the last step: the host accumulation tail, the streamed update, what `preload` loaded before it, what
-        # streamed during the last backward (`overlap`)
-        self.timings = dict(wait_s=0.0, stream_s=0.0, preloaded_gib=0.0, early_gib=0.0)
+        # streamed during the last backward (`overlap`), what it left to stream beside the next forward (`pipeline`)
+        self.timings = dict(wait_s=0.0, stream_s=0.0, preloaded_gib=0.0, early_gib=0.0, pipelined_gib=0.0)
 
     @property
     def param_groups(self): return self.reference.param_groups
     def set_lr_factor(self, f): self.reference.set_lr_factor(f)
     def wait(self): self.inbox.wait()
+
+    def settle(self):
+        "Wait until the last step's weights are in place for whatever reads them: a pipelined step runs on after it."
+        if self.early is not None: self.early.settle()
 
     def preload(self):
         "A step's last micro-batch starts: load its first chunks (`Preloader`), or with `overlap` arm `EarlyStream`."
@@ -987,16 +1018,18 @@ class OffloadOptimizer:
 
     def _landed(self):
         "Block until the host holds every gradient and every write-back: what reads or writes the host state waits."
+        self.settle()
         self.wait()
         if self.cuda: self.mover.d2h.synchronize()
 
     def state_dict(self):
-        "Group hyperparameters and every parameter's FP32 master, optimizer state and step (host tensors)."
+        "Group hyperparameters and every parameter's master, optimizer state and step (`HostStore.saved`)."
         self._landed()
         return dict(groups=[{k: v for k, v in g.items() if k != 'params'} for g in self.param_groups],
                     slots=self.store.saved())
 
     def load_state_dict(self, sd):
+        "Load what `state_dict` saved, after the model's weights (split masters' low halves complete them)."
         n = len(sd['slots'])
         if n != len(self.slots): raise UsageError(f'optimizer state has {n} parameters, the model {len(self.slots)}')
         self._landed()
@@ -1012,6 +1045,7 @@ class OffloadOptimizer:
 def _step(opt):
     "One optimizer step over every parameter that received a gradient, streamed chunk by chunk through a ring."
     t0, waited, mover, sched = time.perf_counter(), 0.0, opt.mover, opt.schedule
+    opt.settle()   # a step taken with no forward since the last: its pipelined updates first
     early = opt.early.finish() if opt.early is not None else []   # the chunks the last backward streamed (`overlap`)
     landing = defaultdict(list)   # slot -> gradients still on their way to its host accumulator
     for s, f in opt.inbox.pending: landing[s].append(f)
@@ -1025,17 +1059,19 @@ def _step(opt):
     skip = {pc.key for c in [*early, *(c for c, _ in pre.values())] for pc in c}
     chunks = [c for c, _ in pre.values()] + sched.by_arrival(sched.chunks(landing, skip))
     streamed = [c for c in chunks if not c[0].slot.resident]
-    if ring is None and streamed:
+    piped = streamed if opt.pipeline else []   # beside the next forward (`EarlyStream.pipeline`); here the rest
+    if ring is None and streamed and not piped:
         dev = streamed[0][0].p.device
         ring = _Ring(_ring_half(max(map(_chunk_numel, streamed)), dev), dev)
-    for chunk in chunks:
+    for chunk in (c for c in chunks if not piped or c[0].slot.resident):
         tw = time.perf_counter()
         for f in (f for pc in chunk for f in landing.pop(pc.slot, ())): f.result()
         waited += time.perf_counter() - tw
         if chunk[0].slot.resident: _update_resident(chunk)
         else: mover.update_and_write_back(ring, mover.take_and_load(chunk, ring, pre.get(id(chunk), (None, None))[1]))
+    if piped: opt.early.pipeline(piped, landing)   # their hyperparameters and step counts taken before `stepped`
     opt.store.stepped({pc.slot for c in [*chunks, *early] for pc in c})
-    if opt.cuda: mover.write_back_behind(ring if pre else None)
+    if opt.cuda and not piped: mover.write_back_behind(ring if pre else None)
     if opt.early is not None: opt.early.ring = None
     # nothing left but gradients of parameters no chunk took (none): the list starts empty for the next step
     opt.wait()
@@ -1043,7 +1079,7 @@ def _step(opt):
     # masters (or their low halves) and state
     state_gib = lambda chunks: sum(pc.numel * _crossing_bytes(pc) for c in chunks for pc in c) / _GiB
     opt.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=state_gib(c for c, _ in pre.values()),
-                       early_gib=state_gib(early))
+                       early_gib=state_gib(early), pipelined_gib=state_gib(piped))
 
 # %% ../nbs/20_offload.ipynb #53bf3a84
 def masters_pair(records):
@@ -1060,20 +1096,36 @@ EARLY_IN_FLIGHT = 3
 class EarlyStream:
     """With `overlap`: during a step's last backward, the chunks whose gradients all accumulate on the GPU stream as
     soon as backward has given them all, in the order the last step's gradients came (`gpu_arrival`), from an issuer
-    thread."""
-    def __init__(self, schedule, mover, inbox):
+    thread. With `model` (`pipeline`), what is left at the step streams beside the next forward (`pipeline`)."""
+    def __init__(self, schedule, mover, inbox, model=None):
         self.schedule, self.mover, self.inbox = schedule, mover, inbox
         self.issuer = ThreadPoolExecutor(1) if mover.upd else None   # so that backward's thread never waits
         self.queue, self.streamed, self.final_order, self.gpu_arrival, self.ring = None, [], {}, {}, None
+        self.gates, self.job = {}, None   # of a pipelined step: stage -> Future of its event; the issuer's job
+        if model is not None:
+            self.stages = forward_stages(model)
+            self.hooks = gate_hooks(model, self.gate)
 
     def arm(self):
         "At the start of a step's last micro-batch: the chunks to stream during its backward, and the hook's callback."
+        self.settle()
         sc = self.schedule
         chunks = sc.by_arrival(sc.chunks(landing=set(sc.store.slots)), self.gpu_arrival)
         self.queue = collections.deque(c for c in chunks if not c[0].slot.resident and not _grad_room(c))
         self.arrived, self.streamed, self.final_order, self.ring = set(), [], {}, None
         self.issuing, self.in_flight = [], collections.deque()   # the issuer's jobs, and its chunks' write-back events
         self.inbox.on_final = self.gradient_final
+
+    def gate(self, k):
+        "Before stage `k`'s forward: the current stream waits for a pipelined step's updates of it (once a step)."
+        f = self.gates.pop(k, None)
+        if f is not None and (ev := f.result()) is not None: torch.cuda.current_stream().wait_event(ev)
+
+    def settle(self):
+        "The last pipelined step issued in full, and the current stream behind it, whether its forward came or not."
+        job, self.job = self.job, None
+        if job is not None: job.result()
+        for k in list(self.gates): self.gate(k)
 
     def disarm(self):
         self.queue, self.inbox.on_final = None, None
@@ -1097,21 +1149,23 @@ class EarlyStream:
         while complete():
             chunk = self.queue.popleft()
             self.streamed.append(chunk)
-            if self.issuer: self.issuing.append((self.issuer.submit(self.issue, chunk, queued), chunk))
-            else: self.issue(chunk, queued)
+            args = chunk, queued, self.ring, self.in_flight
+            if self.issuer: self.issuing.append((self.issuer.submit(self.issue, *args), chunk))
+            else: self.issue(*args)
 
     @torch.no_grad()   # on the issuer's thread too, whose grad mode is its own
-    def issue(self, chunk, queued):
-        """Load, update and write back one complete chunk after what backward had `queued` when it completed, at most
-        `EARLY_IN_FLIGHT` chunks ahead of the link: work launched far ahead of the copies waits in CUDA's launch queue,
-        and a full queue blocks the thread that launches (from backward's own thread, it held `backward()` up)."""
+    def issue(self, chunk, queued, ring, in_flight, kw=None):
+        """Load, update and write back one complete chunk through `ring` after what backward had `queued` when it
+        completed, at most `EARLY_IN_FLIGHT` chunks ahead of the link (the write-back events of `in_flight`): work
+        launched far ahead of the copies waits in CUDA's launch queue, and a full queue blocks the thread that launches
+        (from backward's own thread, it held `backward()` up)."""
         mv = self.mover
         if mv.cuda:
-            while len(self.in_flight) >= EARLY_IN_FLIGHT: self.in_flight.popleft().synchronize()
+            while len(in_flight) >= EARLY_IN_FLIGHT: in_flight.popleft().synchronize()
             mv.h2d.wait_event(queued)
             mv.upd.wait_event(queued)
-        done = mv.update_and_write_back(self.ring, mv.take_and_load(chunk, self.ring), mv.upd)
-        if done is not None: self.in_flight.append(done)
+        done = mv.update_and_write_back(ring, mv.take_and_load(chunk, ring), mv.upd, kw)
+        if done is not None: in_flight.append(done)
 
     def finish(self):
         """At the step: the chunks the last backward streamed, their weights in place for what follows. Those the issuer
@@ -1124,3 +1178,52 @@ class EarlyStream:
         self.gpu_arrival = self.final_order
         self.disarm()
         return [c for c in self.streamed if id(c) not in back]
+
+# %% ../nbs/20_offload.ipynb #ae786342
+from concurrent.futures import Future
+
+def forward_stages(model):
+    "Each parameter's stage (by id) in the order a forward uses them: 1 + i for those of `model.layers[i]`, else 0."
+    return {id(p): i + 1 for i, layer in enumerate(getattr(model, 'layers', ())) for p in layer.parameters()}
+
+def gate_hooks(model, gate):
+    """Forward pre-hooks that call `gate(0)` before `model`'s forward and `gate(i + 1)` before `model.layers[i]`'s; out
+    of the graph of a layer compiled in place, whose call runs its hooks."""
+    gate = torch._dynamo.disable(gate)
+    return [m.register_forward_pre_hook(lambda m, args, k=k: gate(k))
+            for k, m in enumerate([model, *getattr(model, 'layers', ())])]
+
+# %% ../nbs/20_offload.ipynb #cc8d9ad1
+def _pipeline(self, chunks, landing):
+    """At the step: streamed `chunks` (none begun) go to the issuer in the order the next forward uses their parameters,
+    with their hyperparameters as they are now; each stage's forward waits, on the GPU, for the last chunk that holds a
+    piece of it (`gate`). `landing`: slot -> its gradients still on their way to the host."""
+    stage = lambda pc: self.stages.get(id(pc.slot.p), 0)
+    order = sorted(chunks, key=lambda c: min(map(stage, c)))
+    ends = collections.defaultdict(list)   # chunk index -> the stages whose last chunk it is
+    for k, i in {stage(pc): i for i, c in enumerate(order) for pc in c}.items(): ends[i].append(k)
+    self.gates = {k: Future() for ks in ends.values() for k in ks}
+    dev = order[0][0].p.device
+    ring = _Ring(_ring_half(max(map(_chunk_numel, order)), dev), dev)
+    queued = torch.cuda.current_stream().record_event() if self.mover.cuda else None   # what reads the old weights
+    jobs = [(c, _update_kwargs(c), [f for pc in c for f in landing.get(pc.slot, ())]) for c in order]
+    run = functools.partial(self._run_pipeline, jobs, ends, dict(self.gates), ring, queued)
+    if self.issuer: self.job = self.issuer.submit(run)
+    else: run()
+
+@torch.no_grad()
+def _run_pipeline(self, jobs, ends, gates, ring, queued):
+    "The issuer's part of `pipeline`: the chunks in turn, and after a stage's last one its gate's event."
+    mv, in_flight = self.mover, collections.deque()
+    try:
+        for i, (chunk, kw, landing) in enumerate(jobs):
+            for f in landing: f.result()
+            self.issue(chunk, queued, ring, in_flight, kw)
+            for k in ends[i]: gates[k].set_result(mv.upd.record_event() if mv.cuda else None)
+        if mv.cuda: mv.write_back_behind(ring)
+    except BaseException as e:   # a forward at a gate gets the error instead of waiting for ever
+        for f in gates.values():
+            if not f.done(): f.set_exception(e)
+        raise
+
+EarlyStream.pipeline, EarlyStream._run_pipeline = _pipeline, _run_pipeline

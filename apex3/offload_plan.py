@@ -15,7 +15,8 @@ from types import SimpleNamespace
 from .usage import ArgParser, UsageError
 from .offload_constants import (CHUNK_BYTES, PRELOAD_GIB, PRELOAD_GIB_BY_MASTERS, GPU_HEADROOM_GIB,
                                      ACT_PREFETCH_GIB, MASTER_BYTES)
-from .plan import MEM_FRACTION, BYTES, STATE_BYTES, DILOCO_BYTES, find_gpu, plan, diloco_plan, config_params
+from .plan import (MEM_FRACTION, BYTES, STATE_BYTES, DILOCO_BYTES, find_gpu, plan, diloco_plan, config_params,
+                        diloco_host_bytes)
 
 _GiB = 2**30
 
@@ -69,6 +70,8 @@ class OffloadPricing:
     masters: str = 'split'         # the host's masters: low halves beside the BF16 weights, or whole ('fp32')
     recompute: str = 'none'        # --recompute: 'experts' rebuilds the routed experts' projection in backward
     momentum: str = 'master'       # --muon-momentum: Muon's momentum in the masters' FP32, or 'bf16'
+    diloco_workers: int = 0        # DiLoCo workers (--diloco-workers): each host holds a round's state too
+    diloco_compress: str = 'fp32'  # --diloco-compress
     @property
     def preload_gib(self): return PRELOAD_GIB_BY_MASTERS[self.masters]
 
@@ -132,8 +135,12 @@ def _offload_budgets(c, counts, s: OffloadPricing):
     # half the host's gradients in flight, at least the largest
     staging = max(2 * (N - kept) / 2, 2 * c.vocab_size * d) if s.accum_on == 'cpu' and kept < N else 0
     pinned = (N - kept) * per + offloaded + staging
-    host_bytes = pinned * HOST_SLAB_WASTE + s.overhead_gib * _GiB
+    host_bytes = pinned * HOST_SLAB_WASTE + s.overhead_gib * _GiB + _diloco_bytes(N, s)
     return gpu_bytes, host_bytes, offloaded, kept
+
+def _diloco_bytes(N, s: OffloadPricing):
+    "Host bytes of a DiLoCo worker's state and round (chapter `00_plan`'s `diloco_host_bytes`), without DiLoCo none."
+    return N * diloco_host_bytes(s.diloco_workers, s.diloco_compress) if s.diloco_workers else 0
 
 def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offload, resident_gib=0.0,
                      overhead_gib=HOST_OVERHEAD_GIB, masters='split', momentum='master') -> float:
@@ -147,12 +154,13 @@ def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offlo
 def micro_time(compute, act_s, grads_s=0.0, host_s=0.0):
     """A micro-batch's seconds and what bounds them ('compute', 'link' or 'host'): the activations sent to the host go
     down while the forward computes (`FORWARD_SHARE` of `compute`) and come back up while the backward does, beside the
-    gradients going down (`--offload-accum cpu`) at `BOTH_WAYS_SHARE` of the link each; the host adds them meanwhile.
-    `act_s`, `grads_s`: their seconds on the link alone, one way."""
+    gradients going down (`--offload-accum cpu`) at `BOTH_WAYS_SHARE` of the link each; the host adds them as they
+    come (`host_s`), so its additions run beside the backward only. `act_s`, `grads_s`: their seconds on the link
+    alone, one way."""
     both = BOTH_WAYS_SHARE if act_s and grads_s else 1
     forward_compute, backward_compute = FORWARD_SHARE * compute, (1 - FORWARD_SHARE) * compute
     forward, backward = max(forward_compute, act_s), max(backward_compute, max(act_s, grads_s) / both)
-    if host_s > forward + backward: return host_s, 'host'
+    if host_s > backward: return forward + host_s, 'host'
     if (forward, backward) == (forward_compute, backward_compute): return compute, 'compute'
     return forward + backward, 'link'
 
@@ -210,6 +218,7 @@ class OffloadPlan:
     grads_s: float = 0.0     # the gradients' seconds down to the host (--offload-accum cpu)
     recompute: str = 'none'  # --recompute
     momentum: str = 'master' # --muon-momentum
+    diloco_gib: float = 0.0  # of `host_gib`, a DiLoCo worker's state and round
     def flags(self):
         "The trainer and benchmark flags this plan recommends."
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
@@ -222,6 +231,7 @@ class OffloadPlan:
                 f'--micro-bs {self.micro_bs} --accum {self.accum} --fp8-experts off')
     def __str__(self):
         fit = '' if self.layers == self.full_layers else f' (the full {self.full_layers} do not fit)'
+        diloco = f', DiLoCo state and round: {self.diloco_gib:.1f} GiB' if self.diloco_gib else ''
         ring = f', preload ring {PRELOAD_GIB_BY_MASTERS[self.masters]:g} GiB' if self.writeback_s else ''
         behind = (f'               (its write-backs go on {self.writeback_s:.2f} s beside the next micro-batches)\n'
                   if self.writeback_s else '')
@@ -229,7 +239,7 @@ class OffloadPlan:
                 f'  GPU memory   {self.gpu_gib:.1f} of {self.gpu_budget_gib:.0f} GiB budget '
                 f'(optimizer state kept: {self.resident_gib:g} GiB{ring})\n'
                 f'  Host memory  {self.host_gib:.1f} of {self.host_budget_gib:.0f} GiB budget '
-                f'(activations offloaded: {self.act_offloaded_gib:.1f} GiB)\n'
+                f'(activations offloaded: {self.act_offloaded_gib:.1f} GiB{diloco})\n'
                 f'  Micro-batch  {self.micro_s:.2f} s ({self.bound}-bound: compute {self.compute_s:.2f} s, '
                 f'link {self.link_s:.2f} s, host additions {self.host_s:.2f} s)\n'
                 f'  Step         {self.step_s:.1f} s = {self.accum} x {self.micro_s:.2f} s + optimizer '
@@ -255,7 +265,7 @@ def _priced(base, c, counts, s: OffloadPricing, accum, host_gib, offload_gpu_gib
                        host_b / _GiB, host_budget, off / _GiB, compute, 2 * act + grads, micro, opt, step,
                        accum * flops / (step * g.peak('bf16')), bound, s.accum_on, s.act_budget, s.act_offload, keep,
                        host_s=host, writeback_s=behind, masters=s.masters, act_s=act, grads_s=grads,
-                       recompute=s.recompute, momentum=s.momentum)
+                       recompute=s.recompute, momentum=s.momentum, diloco_gib=_diloco_bytes(counts['total'], s) / _GiB)
 
 # %% ../nbs/21_offload_plan.ipynb #8c1d55c5
 def _flag_sets(act_offload, act_budget):
@@ -267,11 +277,12 @@ def _flag_sets(act_offload, act_budget):
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=None,
                  kernel_eff=KERNEL_EFF, layers=None, offload_accum=None, act_offload=None, offload_gpu_gib=None,
                  host_accum_per_s=HOST_ACCUM_PER_S, reserve_gib=0.0, offload_masters='split',
-                 recompute=None, muon_momentum='master') -> OffloadPlan:
+                 recompute=None, muon_momentum='master', diloco_workers=0, diloco_compress='fp32') -> OffloadPlan:
     """Plan one-GPU training with host offload: the most layers whose memory fits GPU and host (fewer if the host is
     short), then the fastest flags at that depth; memory on both sides, step time, and the flags. `reserve_gib`: GPU
-    memory held beside the model's tensors (e.g. the FP8 weight cache). `offload_masters`, `recompute`, `muon_momentum`:
-    as the flags (unless told, the faster of `RECOMPUTES`)."""
+    memory held beside the model's tensors (e.g. the FP8 weight cache). `offload_masters`, `recompute`, `muon_momentum`,
+    `diloco_workers`, `diloco_compress`: as the flags (unless told, the faster of `RECOMPUTES`; a DiLoCo worker's host
+    holds its round's state beside the run)."""
     from apex3.config import get_config, param_counts
     if act_offload is not None and act_offload < 0:
         raise UsageError(f'--act-offload counts tensors: at least 0, not {act_offload}')
@@ -283,7 +294,8 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
         raise UsageError(f"--muon-momentum is {' or '.join(MOMENTUM_BYTES)}, not {muon_momentum!r}")
     g, base = find_gpu(gpu), get_config(config)
     rates = dict(link_gbs=link_speed(link_gbs), kernel_eff=kernel_eff, host_accum_per_s=host_accum_per_s,
-                 reserve_gib=reserve_gib, masters=offload_masters, momentum=muon_momentum)
+                 reserve_gib=reserve_gib, masters=offload_masters, momentum=muon_momentum,
+                 diloco_workers=diloco_workers or 0, diloco_compress=diloco_compress)
     fits = lambda p: p.gpu_gib <= p.gpu_budget_gib and p.host_gib <= p.host_budget_gib
     for L in ([layers] if layers else range(base.n_layers, 0, -1)):
         c = dataclasses.replace(base, n_layers=L)
@@ -374,7 +386,8 @@ def _one_gpu_main(a):
     op = offload_plan(a.config, a.gpu, a.host_gib, host_link, a.micro_bs, a.accum, layers=a.layers,
                       offload_accum=a.offload_accum, act_offload=a.act_offload, offload_gpu_gib=a.offload_gpu_gib,
                       host_accum_per_s=a.host_accum_rate * 1e9, offload_masters=a.offload_masters,
-                      recompute=a.recompute, muon_momentum=a.muon_momentum)
+                      recompute=a.recompute, muon_momentum=a.muon_momentum, diloco_workers=a.diloco_workers,
+                      diloco_compress=a.diloco_compress)
     dp = None
     if a.diloco_workers:
         dp = diloco_plan(config_params(a.config, op.layers), op.step_s, a.diloco_workers, a.diloco_every,

@@ -7,7 +7,7 @@ __all__ = ['GPUS', 'RECOMPUTE', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACTION', '
            'COMM_SHARE', 'parse_number', 'fmt_count', 'GPU', 'find_gpu', 'gpu_table', 'model_shape', 'train_flops',
            'recompute_flops', 'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose', 'Serving',
            'inference', 'Plan', 'plan_headline', 'plan_rows', 'config_inputs', 'plan', 'validation_table', 'DiLoCoPlan',
-           'diloco_plan', 'config_params', 'gpus_main']
+           'diloco_plan', 'config_params', 'diloco_host_bytes', 'gpus_main']
 
 # %% ../nbs/00_plan.ipynb #3119e2a9
 import dataclasses, difflib, functools, json, math, re
@@ -524,6 +524,13 @@ def config_params(config, layers=None) -> float:
     from apex3.config import get_config, param_counts
     c = get_config(config)
     return param_counts(dataclasses.replace(c, n_layers=layers or c.n_layers))['total']
+
+# %% ../nbs/00_plan.ipynb #c3f57dcf
+def diloco_host_bytes(workers=2, compress='fp32') -> float:
+    "Host bytes a parameter of a DiLoCo worker needs at a round's peak: its state, the round's FP32 copies, payloads."
+    state, round_copies = 8, 12                  # global weights, outer momentum; local weights, pseudo-gradient, mean
+    decoded = 0 if compress == 'fp32' else 4 * workers + DILOCO_BYTES[compress]   # its own payload encoded, then all
+    return state + round_copies + (workers - 1) * DILOCO_BYTES[compress] + decoded
 
 # %% ../nbs/00_plan.ipynb #590609c8
 def gpus_main(argv=()):

@@ -73,6 +73,8 @@ class OffloadSettings:
                                          ('split', 'fp32'))
     step_overlap: bool = setting_field(False, 'with --offload: stream the optimizer step of GPU-accumulated '
                                        'parameters during the last backward')
+    step_pipeline: bool = setting_field(False, 'with --step-overlap: stream what the last backward left beside the '
+                                        'next forward, each layer waiting for its own parameters')
     act_offload: int = setting_field(0, 'saved tensors per micro-batch stored on the host')
     act_budget: float | None = setting_field(None, 'fraction of GPU memory activations may keep; the rest go to '
                                              'the host')
@@ -163,6 +165,8 @@ def _check_offload(o: OffloadSettings, recompute: str):
         raise UsageError(f'--act-prefetch-gib is GiB fetched ahead: at least 0, not {o.act_prefetch_gib:g}')
     if o.step_overlap and not o.offload:
         raise UsageError('--step-overlap streams the offloaded optimizer step: add --offload')
+    if o.step_pipeline and not o.step_overlap:
+        raise UsageError("--step-pipeline goes on from --step-overlap's streams: add --step-overlap")
     # inside a recomputed block the GEMM hooks would store what the recomputation is meant to rebuild
     if o.gemm_offload == 'hooks' and recompute not in ('none', 'experts'):
         raise UsageError('--gemm-offload hooks needs --recompute none or experts: recomputed blocks keep nothing to '
@@ -266,7 +270,7 @@ def _optimizer(model, s: RunSettings):
     if not o.offload: return build_optimizer(model, **s.optim.optimizer_kwargs())
     return OffloadOptimizer(model, accum=o.offload_accum, gpu_bytes=int(o.offload_gpu_gib * GiB),
                             accum_gpu_bytes=int(o.offload_accum_gpu_gib * GiB), overlap=o.step_overlap,
-                            split=o.offload_masters == 'split', **s.optim.optimizer_kwargs())
+                            pipeline=o.step_pipeline, split=o.offload_masters == 'split', **s.optim.optimizer_kwargs())
 
 def _activation_offload(model, o: OffloadSettings, device):
     "Saved tensors sent to host memory (chapter `20_offload`), or None when no setting asks for it."

@@ -237,13 +237,21 @@ def test_offload_workers(tmp_path, data):
     """Two `--offload` workers (the host optimizer runs on a CPU device too) through files: identical global states, and
     the round wrote the FP32 host masters, the model holding their BF16 rounding."""
     from apex3.ckpt import latest_checkpoint, load_checkpoint
+    from apex3.offload import join_master_
     for p in [worker(tmp_path, data, r, 8, '--offload') for r in (0, 1)]: done(p)
     assert final_global(tmp_path / 'd0') == final_global(tmp_path / 'd1') and final_global(tmp_path / 'd0')[0] == 2
     ck = load_checkpoint(latest_checkpoint(tmp_path / 'ck0'))   # at step 8: just after round 2
-    glob, model, masters = ck['diloco']['glob'], ck['model'], [s['master'] for s in ck['optimizer']['slots']]
+    glob, model, lows = ck['diloco']['glob'], ck['model'], [s['low'] for s in ck['optimizer']['slots']]
     params = [k for k in glob if model[k].dtype == torch.bfloat16]
-    assert len(params) == len(masters) > 0
-    assert all(any(torch.equal(m, glob[k]) for m in masters) for k in params)   # FP32 masters: the global weights
+    assert len(params) == len(lows) > 0
+    def master(w, low):
+        "The FP32 master a split slot keeps as `low` beside its BF16 weight `w`."
+        m = torch.empty(w.shape)
+        join_master_(m, w, low)
+        return m
+    # the FP32 masters (each weight with the low halves of its slot) are the global weights
+    assert all(any(low.shape == glob[k].shape and torch.equal(master(model[k], low), glob[k]) for low in lows)
+               for k in params)
     assert all(torch.equal(model[k], bf16_ties_away(glob[k])) for k in params)  # the model: their BF16 rounding
 
 def bf16_ties_away(x):

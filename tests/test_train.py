@@ -50,10 +50,11 @@ def test_published_line_parses():
 
 def _losses(log): return {r['step']: r['loss'] for r in read_log(log)}
 
-def test_kill_and_resume_is_bit_identical(data, tmp_path):
+@pytest.mark.parametrize('extra', [[], ['--offload']], ids=['optimizer', 'offload'])   # offload: split masters
+def test_kill_and_resume_is_bit_identical(data, tmp_path, extra):
     "SIGKILL a run after its first checkpoint, resume it, and compare every step's loss with an uninterrupted run."
     steps = 40   # 64 tokens a step; a checkpoint every 4 steps
-    common = [*TINY, *data, '--total-tokens', 64 * steps, '--ckpt-every', 256, '--val-every', 10]
+    common = [*TINY, *data, '--total-tokens', 64 * steps, '--ckpt-every', 256, '--val-every', 10, *extra]
     ref = trainer(*common, '--ckpt-dir', tmp_path / 'ref')
     run = trainer(*common, '--ckpt-dir', tmp_path / 'cut')
     deadline = time.time() + 120

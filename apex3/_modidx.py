@@ -988,6 +988,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.model.doc_overflow': ('model.html#doc_overflow', 'apex3/model.py'),
                              'apex3.model.doc_starts': ('model.html#doc_starts', 'apex3/model.py'),
                              'apex3.model.expert_counts': ('model.html#expert_counts', 'apex3/model.py'),
+                             'apex3.model.fa3_version': ('model.html#fa3_version', 'apex3/model.py'),
                              'apex3.model.gather_grouped_mm': ('model.html#gather_grouped_mm', 'apex3/model.py'),
                              'apex3.model.generate': ('model.html#generate', 'apex3/model.py'),
                              'apex3.model.graph_break_count': ('model.html#graph_break_count', 'apex3/model.py'),

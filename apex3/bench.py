@@ -15,6 +15,7 @@ from .usage import ArgParser, UsageError, run_command
 from .config import param_counts
 from .records import append_records, device_peak_tflops, GiB
 from .optim import fused_here
+from .model import fa3_version
 from .run import (RunSettings, Run, add_run_flags, add_settings_flags, setting_field, settings_from_args,
                        settings_from_flags, run_flags, check_run_settings, micro_flops, micro_step, last_micro_starts,
                        optimizer_step, status_gib, host_memory)
@@ -282,7 +283,9 @@ def _bench(s, b, dog):
     flops, peak = micro_flops(cfg, m.micro_bs), device_peak_tflops() if dev.type == 'cuda' else None
     step_s, micro_s = statistics.median(t['step_s']), statistics.median(t['micro_s'])
     mfu = lambda secs, n: n * flops / secs / (peak * 1e12) if peak else None
+    # `flags` says what was asked for; `attn_used` the backend that ran (a missing one falls back, with a warning)
     return dict(kind='bench', config=cfg.name, flags=flags, cfg=dataclasses.asdict(cfg), precision_used=run.precision,
+                attn_used=run.model.attention_backend(dev), flash_attn_version=fa3_version(),
                 micro_s_median=micro_s, step_s_median=step_s, writeback_tail_s=tail_s,
                 tokens_per_s=m.accum * m.micro_bs * cfg.seq_len / step_s, mfu_at_batch=mfu(step_s, m.accum),
                 mfu_micro=mfu(micro_s, 1), peak_tflops=peak, router_max_mean=t['loads'].max().item(),

@@ -4,14 +4,14 @@
 
 # %% auto #0
 __all__ = ['HAS_FA3', 'HAS_VARLEN', 'HAS_FLEX', 'AUTO_ORDER', 'CPU_GROUPED_MM', 'RMSNorm', 'rope_cos_sin', 'apply_rope',
-           'doc_ids', 'doc_starts', 'cu_seqlens', 'doc_overflow', 'backend_available', 'resolve_backend', 'AttnMeta',
-           'doc_block_mask', 'attention_meta', 'repeat_kv', 'attn_reference', 'attn_sdpa', 'attn_flex', 'attn_varlen',
-           'attn_fa3', 'attend', 'Attention', 'route', 'seq_aux_loss', 'grouped_mm_ok', 'swiglu', 'scaled_swiglu',
-           'gather_grouped_mm', 'Experts', 'SharedExpert', 'expert_counts', 'dispatch', 'MoE', 'Block', 'lm_loss',
-           'Transformer', 'module_param_counts', 'graph_break_count', 'KVCache', 'generate']
+           'doc_ids', 'doc_starts', 'cu_seqlens', 'doc_overflow', 'fa3_version', 'backend_available', 'resolve_backend',
+           'AttnMeta', 'doc_block_mask', 'attention_meta', 'repeat_kv', 'attn_reference', 'attn_sdpa', 'attn_flex',
+           'attn_varlen', 'attn_fa3', 'attend', 'Attention', 'route', 'seq_aux_loss', 'grouped_mm_ok', 'swiglu',
+           'scaled_swiglu', 'gather_grouped_mm', 'Experts', 'SharedExpert', 'expert_counts', 'dispatch', 'MoE', 'Block',
+           'lm_loss', 'Transformer', 'module_param_counts', 'graph_break_count', 'KVCache', 'generate']
 
 # %% ../nbs/10_model.ipynb #af14d471
-import functools, importlib.util, logging, math
+import functools, importlib.util, logging, math, os
 from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint, CheckpointPolicy, create_selective_checkpoint_contexts
@@ -74,6 +74,13 @@ HAS_VARLEN = _importable('torch.nn.attention.varlen')
 HAS_FLEX = _importable('torch.nn.attention.flex_attention')
 AUTO_ORDER = ('fa3', 'flex', 'varlen', 'reference')
 _warned = set()
+
+def fa3_version():
+    "The FlashAttention-3 that `fa3` runs: its version and the commit `tools/build_fa3.sh` built it from; None if absent."
+    if not HAS_FA3: return None
+    import flash_attn_3   # its __init__ reads the version only; the kernels load with flash_attn_interface
+    built = os.path.join(os.path.dirname(flash_attn_3.__file__), 'BUILD_COMMIT')
+    return flash_attn_3.__version__ + (f'+{open(built).read().strip()[:8]}' if os.path.exists(built) else '')
 
 def backend_available(name, device, needs_grad=True):
     "Can attention backend `name` run on `device` (a grad-enabled forward needs a backward too)?"

@@ -8,7 +8,7 @@ __all__ = ['RECORDS_FILE', 'bench_matmul', 'attention_flops', 'bench_attention',
 # %% ../nbs/12_model_bench.ipynb #4ec88859
 import torch
 from .config import ModelConfig, get_config
-from .model import MoE, attend, attention_meta, backend_available, graph_break_count
+from .model import MoE, attend, attention_meta, backend_available, fa3_version, graph_break_count
 from .records import append_records, latest_run, load_records, time_fn
 RECORDS_FILE = 'model.jsonl'   # records/model.jsonl: one file, rows told apart by `kind`
 
@@ -42,7 +42,8 @@ def bench_attention(backends=('sdpa', 'fa3', 'flex', 'varlen'),
     records = []
     for name in backends:
         rec = dict(kind='attention', backend=name, B=B, S=S, H=H, Hkv=Hkv, D=D, doc_len=doc_len,
-                   available=backend_available(name, 'cuda'), respects_docs=name != 'sdpa' or not doc_len)
+                   available=backend_available(name, 'cuda'), respects_docs=name != 'sdpa' or not doc_len,
+                   flash_attn_version=fa3_version() if name == 'fa3' else None)
         if rec['available']:
             meta = attention_meta(tokens, cfg, name)
             f = time_fn(lambda: attend(q, k, v, meta), repeats=repeats)

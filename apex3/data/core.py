@@ -76,8 +76,11 @@ def atomic_write_bytes(path, data: bytes):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp): os.unlink(tmp)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            try: os.unlink(tmp)
+            except OSError: pass  # the folder may have turned read-only: the failure to report is `e`
+        if isinstance(e, OSError) and e.filename is None: e.filename = str(path)  # ENOSPC from write() names no file
         raise
 
 def write_jsonl_zst(path, rows: Iterable[str | bytes]) -> int:

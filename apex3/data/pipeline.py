@@ -105,10 +105,10 @@ def _source_errors(k, s, base, seen) -> list:
                  for x in s['stages'] if x not in stage_names]
     downloads = 'url' in s or 'urls' in s
     if not downloads and 'path' not in s: errs.append(f'{where}.path: missing (or url / urls to download)')
-    if good('path') and not downloads and good('kind') and s['kind'] in KINDS:
-        full = str(base/os.path.expanduser(s['path']))
-        if not _has_input(s['kind'], full, s.get('extensions', ('.py',)) if good('extensions') else ('.py',)):
-            what = 'no file with the extensions under the folder' if s['kind'] == 'repo' else 'matches no file'
+    if good('path') and not downloads:  # whatever the kind says (or fails to say), the path must name inputs
+        full, repo = str(base/os.path.expanduser(s['path'])), s.get('kind') == 'repo'
+        if not _has_input('repo' if repo else 'jsonl', full, s['extensions'] if good('extensions') else ('.py',)):
+            what = 'no file with the extensions under the folder' if repo else 'matches no file'
             errs.append(f"{where}.path: {_show(s['path'])} {what} ({full})")
     if good('urls') and good('sha256') and len(s['urls']) != len(s['sha256']):
         errs.append(f"{where}.sha256: {len(s['sha256'])} checksums for {len(s['urls'])} urls")

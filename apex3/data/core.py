@@ -247,7 +247,8 @@ class LocalExecutor:
         from tqdm.auto import tqdm
         import concurrent.futures as cf
         todo = _pending(stage)
-        bar = tqdm(total=len(todo), desc=stage.name, disable=not self.progress or not todo, leave=False)
+        quiet = True if not self.progress or not todo else None  # None: only on a terminal (a log gets no bars)
+        bar = tqdm(total=len(todo), desc=stage.name, disable=quiet, leave=False)
         if self.workers <= 1 or len(todo) <= 1:
             for i in todo:
                 run_task(stage, i)
@@ -276,7 +277,7 @@ class RayExecutor:
         # a task whose worker died runs again
         remote = ray.remote(max_retries=self.max_retries, num_cpus=self.task_cpus)(run_task)
         refs = [remote.remote(stage, i) for i in _pending(stage)]
-        quiet = not self.progress or not refs
+        quiet = True if not self.progress or not refs else None
         with tqdm(total=len(refs), desc=f'{stage.name} (ray)', disable=quiet, leave=False) as bar:
             while refs:
                 done, refs = ray.wait(refs)

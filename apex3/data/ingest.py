@@ -96,7 +96,7 @@ def looks_binary(head: bytes) -> bool: return b'\x00' in head[:8192]
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 
 def json_depth(s: str, limit: int = 0) -> int:
-    "How deeply JSON text `s` nests arrays and objects (brackets in strings do not count); 0 when it has `limit` or less."
+    "How deeply JSON text `s` nests arrays and objects (brackets in strings aside); 0 if it has `limit` or fewer."
     if s.count('[') + s.count('{') <= limit: return 0
     a = np.frombuffer(_JSON_STRING.sub('', s).encode('utf-8', 'surrogatepass'), np.uint8)
     step = np.isin(a, (91, 123)).astype(np.int32) - np.isin(a, (93, 125))
@@ -199,7 +199,8 @@ def normalize_document(doc: Document) -> tuple:
     "(the document with its text and id repaired, or a Rejected if no visible text is left; the repairs made)."
     text, fixes = normalize_text(doc.text)
     if fixes and not text.strip():
-        return Rejected('control_only', doc.id, 0, ', '.join(fixes), doc.text[:SAMPLE].encode('utf-8', 'replace')), fixes
+        sample = doc.text[:SAMPLE].encode('utf-8', 'replace')
+        return Rejected('control_only', doc.id, 0, ', '.join(fixes), sample), fixes
     return (Document(without_surrogates(doc.id), text, doc.meta) if fixes or not doc.id.isascii() else doc), fixes
 
 

@@ -138,7 +138,7 @@ def _params_errors(params) -> list:
         for key, v in p.items():
             if key not in sig: errs.append(f"params.{name}.{key}: unknown parameter (known: {', '.join(sig)})")
             elif not _same_type(v, sig[key].default):
-                errs.append(f'params.{name}.{key}: {_show(v)} is not of the type of its default {_show(sig[key].default)}')
+                errs.append(f'params.{name}.{key}: {_show(v)} is not of the type of {_show(sig[key].default)}')
     return errs
 
 def config_errors(cfg, base) -> list:
@@ -289,10 +289,11 @@ def check_writable(folder):
         fd, probe = tempfile.mkstemp(dir=folder, prefix='.write-probe.')
         os.close(fd)
         os.unlink(probe)
-    except OSError as e: raise UsageError(f'cannot write to {folder}: {e.strerror} ({errno.errorcode.get(e.errno)})') from None
+    except OSError as e:
+        raise UsageError(f'cannot write to {folder}: {e.strerror} ({errno.errorcode.get(e.errno)})') from None
 
 def data_main(argv=()):
-    "apex3 data: run the data pipeline (`run CONFIG`, `demo`, `corpus`) or one stage; a file-system failure is one line."
+    "apex3 data: run the pipeline (`run CONFIG`, `demo`, `corpus`) or one stage; a file-system failure is one line."
     try: return _data_main(argv)
     except OSError as e: raise UsageError(fs_error_line(e)) from None
 

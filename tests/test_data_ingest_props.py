@@ -9,15 +9,26 @@ from apex3.data.core import Document, read_docs, read_jsonl_zst
 from apex3.data.ingest import Rejected, read_jsonl, read_text_file, read_parquet, Source, IngestStage
 
 REASONS = {'broken_json', 'invalid_utf8', 'no_text', 'line_too_long', 'truncated_archive', 'binary', 'too_large',
-           'unreadable', 'corrupt_parquet'}
+           'unreadable', 'corrupt_parquet', 'blank_line', 'too_deep', 'control_only'}
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 COMPRESS = {'': lambda b: b, '.gz': gzip.compress, '.zst': lambda b: zstandard.ZstdCompressor().compress(b)}
 
 def expected_line(raw):
-    "The reference: the text of a well-formed JSONL line, or None."
+    "The reference: the text of a well-formed JSONL line, or None (a blank line is set aside too)."
     try: rec = json.loads(raw.decode('utf-8'))
     except (UnicodeDecodeError, json.JSONDecodeError): return None
     return rec['text'] if isinstance(rec, dict) and isinstance(rec.get('text'), str) else None
+
+def lines_of(data: bytes) -> list:
+    "The lines a reader must account for: every newline ends one, and a last line may lack it."
+    parts = data.split(b'\n')
+    return parts[:-1] if data.endswith(b'\n') or not data else parts
+
+def expected_text(t):
+    "The reference repair, a character at a time: surrogates to U+FFFD, C0 controls but tab/LF/VT/FF/CR and DEL gone."
+    fixed = ''.join('\ufffd' if 0xD800 <= ord(c) <= 0xDFFF else '' if (ord(c) < 32 and c not in '\t\n\x0b\x0c\r')
+                    or ord(c) == 127 else c for c in t)
+    return None if fixed != t and not fixed.strip() else fixed  # nothing visible left after a repair: set aside
 
 good_line = st.text().map(lambda t: json.dumps({'text': t}).encode())
 bad_line = st.one_of(st.binary(max_size=60).filter(lambda b: b'\n' not in b and b'\x00' not in b),
@@ -39,10 +50,9 @@ def test_jsonl_every_record_accounted_for(ls, suffix):
     rejects = [r for r in out if isinstance(r, Rejected)]
     assert all(r.reason in REASONS for r in rejects)
     if b'\x00' in data[:8192]:
-        assert docs == [] and [r.reason for r in rejects] == ['binary']; return
-    kept = [l for l in ls if l.strip()]
-    assert docs == [t for t in map(expected_line, kept) if t is not None]
-    assert len(rejects) == sum(expected_line(l) is None for l in kept)
+        assert docs == [] and [(r.reason, r.count) for r in rejects] == [('binary', len(lines_of(data)))]; return
+    assert docs == [t for t in map(expected_line, lines_of(data)) if t is not None]
+    assert len(rejects) == sum(expected_line(l) is None for l in lines_of(data))  # one per line: blank lines too
 
 @SETTINGS
 @given(st.binary(max_size=2000), st.sampled_from(list(COMPRESS)))
@@ -92,9 +102,11 @@ def test_ingest_stage_counts_and_sets_aside(files):
         rec1 = IngestStage(Source('s', 'jsonl', f'{tmp}/*.jsonl', shards=2), f'{tmp}/out').run(1)
         docs = [d.text for i in (0, 1) for d in read_docs(f'{tmp}/out/shard-{i:05d}.jsonl.zst')]
         rejects = [json.loads(l) for i in (0, 1) for l in read_jsonl_zst(f'{tmp}/out/rejects/shard-{i:05d}.jsonl.zst')]
-    kept = [l for ls in files for l in ls if l.strip()]
-    want = [t for t in map(expected_line, kept) if t is not None]
-    assert sorted(docs) == sorted(want)
+    kept = [l for ls in files for l in lines_of(b'\n'.join(ls) + b'\n')]
+    texts = [expected_line(l) for l in kept]
+    want = [expected_text(t) for t in texts if t is not None]
+    assert sorted(docs) == sorted(t for t in want if t is not None)
     n_bad = sum(r.get(k, 0) for r in (rec, rec1) for k in r if k.startswith('ingest/removed:'))
-    assert n_bad == len(rejects) == sum(expected_line(l) is None for l in kept)
+    assert n_bad == len(rejects) == len(kept) - sum(t is not None for t in want)
+    assert rec['docs_in'] + rec1['docs_in'] == len(kept) == n_bad + rec['docs_out'] + rec1['docs_out']
     assert all(r['reason'] in REASONS for r in rejects)

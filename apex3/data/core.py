@@ -4,7 +4,7 @@
 
 # %% ../../nbs/50_data.ipynb #d00d04b9
 from __future__ import annotations
-import io, json, os, time, glob, tempfile, sysconfig
+import io, json, logging, os, re, threading, time, glob, tempfile, sysconfig
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,9 +13,10 @@ import orjson, zstandard
 from .scrub import redacted_preview
 
 # %% auto #0
-__all__ = ['STDLIB_SKIP', 'Document', 'atomic_write_bytes', 'write_jsonl_zst', 'read_jsonl_zst', 'write_docs', 'read_docs',
-           'Step', 'TaskContext', 'Stage', 'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank',
-           'list_shards', 'write_task_outputs', 'MapStage', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
+__all__ = ['PR_SET_PDEATHSIG', 'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes',
+           'write_jsonl_zst', 'read_jsonl_zst', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage',
+           'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs',
+           'MapStage', 'die_with_parent', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -42,20 +43,44 @@ class Document:
     @property
     def nbytes(self): return len(self.text.encode('utf-8', 'surrogatepass'))
 
+_SURROGATE = re.compile('[\ud800-\udfff]')
+
+def without_surrogates(text: str) -> str:
+    "`text` with each lone surrogate (which JSON's `\\ud800` can make, and no tokenizer encodes) replaced by U+FFFD."
+    if text.isascii(): return text
+    try:
+        text.encode('utf-8')
+        return text
+    except UnicodeEncodeError: return _SURROGATE.sub('\ufffd', text)
+
 # %% ../../nbs/50_data.ipynb #0e0c1f6b
+def current_umask() -> int:
+    "The process's umask, read from /proc on Linux (changing it to read it would race other threads' files)."
+    try:
+        for line in Path('/proc/self/status').read_text().splitlines():
+            if line.startswith('Umask:'): return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError): pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
 def atomic_write_bytes(path, data: bytes):
     "Write `data` to `path` through a temporary file and a rename, so `path` is either absent or whole."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide outputs from the group
         with os.fdopen(fd, 'wb') as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp): os.unlink(tmp)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            try: os.unlink(tmp)
+            except OSError: pass  # the folder may have turned read-only: the failure to report is `e`
+        if isinstance(e, OSError) and e.filename is None: e.filename = str(path)  # ENOSPC from write() names no file
         raise
 
 def write_jsonl_zst(path, rows: Iterable[str | bytes]) -> int:
@@ -185,14 +210,32 @@ class MapStage(Stage):
 # %% ../../nbs/50_data.ipynb #347c30ae
 def _pending(stage): return [i for i in range(stage.n_tasks()) if not is_done(stage, i)]
 
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+def _watch_parent(parent, every=0.5):
+    while os.getppid() == parent: time.sleep(every)
+    os._exit(1)
+
+def die_with_parent(parent: int):
+    "Pool worker initializer: end this worker when process `parent` ends, even by SIGKILL (which runs no clean-up)."
+    import ctypes, signal
+    try: armed = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError): armed = False  # not Linux
+    if not armed:
+        logging.getLogger(__name__).warning('prctl(PR_SET_PDEATHSIG) unavailable: a thread polls the parent instead')
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent: os._exit(1)  # the parent died before the signal was armed
+
 class LocalExecutor:
     "Run a stage's unfinished tasks on a local process pool (in-process when `workers == 1`), one pool for every stage."
-    def __init__(self, workers=1, progress=True): self.workers, self.progress, self._pool = workers, progress, None
+    def __init__(self, workers=1, progress=True, workers_die_with_parent=True):
+        self.workers, self.progress, self._pool, self.die = workers, progress, None, workers_die_with_parent
     def pool(self):
-        "The process pool, started on first use and kept for the next stages."
+        "The process pool, started on first use and kept for the next stages; its workers end when this process does."
         if self._pool is None:
             import concurrent.futures as cf, multiprocessing as mp
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context('spawn'))
+            init = dict(initializer=die_with_parent, initargs=(os.getpid(),)) if self.die else {}
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context('spawn'), **init)
         return self._pool
     def close(self):
         if self._pool is not None:
@@ -204,7 +247,8 @@ class LocalExecutor:
         from tqdm.auto import tqdm
         import concurrent.futures as cf
         todo = _pending(stage)
-        bar = tqdm(total=len(todo), desc=stage.name, disable=not self.progress or not todo, leave=False)
+        quiet = True if not self.progress or not todo else None  # None: only on a terminal (a log gets no bars)
+        bar = tqdm(total=len(todo), desc=stage.name, disable=quiet, leave=False)
         if self.workers <= 1 or len(todo) <= 1:
             for i in todo:
                 run_task(stage, i)
@@ -233,7 +277,7 @@ class RayExecutor:
         # a task whose worker died runs again
         remote = ray.remote(max_retries=self.max_retries, num_cpus=self.task_cpus)(run_task)
         refs = [remote.remote(stage, i) for i in _pending(stage)]
-        quiet = not self.progress or not refs
+        quiet = True if not self.progress or not refs else None
         with tqdm(total=len(refs), desc=f'{stage.name} (ray)', disable=quiet, leave=False) as bar:
             while refs:
                 done, refs = ray.wait(refs)

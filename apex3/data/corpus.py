@@ -56,8 +56,10 @@ def malformed_files(folder, rng, max_line_bytes) -> dict:
         good(0), b'{"text": "cut in the mid', good(1), b'{"text": "caf\xe9 in latin-1"}', b'{"title": "no text field"}',
         b'{"text": "' + b'x' * (max_line_bytes + 10) + b'"}', good(2)]) + b'\n')
     (folder/'truncated.jsonl.gz').write_bytes(gzip.compress(b'\n'.join(good(i) for i in range(500)))[:-20])
-    (folder/'binary.jsonl').write_bytes(bytes(rng.randrange(256) for _ in range(4096)) + b'\x00' * 64)
-    return {'broken_json': 1, 'invalid_utf8': 1, 'no_text': 1, 'line_too_long': 1, 'truncated_archive': 1, 'binary': 1}
+    blob = bytes(rng.randrange(256) for _ in range(4096)) + b'\x00' * 64
+    (folder/'binary.jsonl').write_bytes(blob)
+    lines = blob.count(b'\n') + (not blob.endswith(b'\n'))  # a binary file is set aside whole, counted in lines
+    return dict(broken_json=1, invalid_utf8=1, no_text=1, line_too_long=1, truncated_archive=1, binary=lines)
 
 # %% ../../nbs/5a_corpus.ipynb #ebdb8c11
 CONFIG = '''# The embedded corpus: the Python standard library as code and prose, with planted cases.

@@ -91,7 +91,7 @@ def _union_find(n, groups) -> np.ndarray:
         roots = [find(x) for x in g]
         r = min(roots)
         for x in roots: parent[x] = r
-    return np.array([find(x) for x in range(n)])
+    return np.array([find(x) for x in range(n)], np.int64)  # an index array even when `n` is 0
 
 def equal_runs(col) -> list:
     "Index groups (size ≥ 2) of equal values in a 1-D array."

@@ -4,17 +4,19 @@
 
 # %% ../../nbs/51_ingest.ipynb #af1d3959
 from __future__ import annotations
-import glob, gzip, io, json, os
+import glob, gzip, io, json, os, re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
-import zstandard
-from .core import Document, Stage, TaskContext, write_docs, write_jsonl_zst, read_docs
+import numpy as np, zstandard
+from .core import Document, Stage, TaskContext, write_docs, write_jsonl_zst, read_docs, without_surrogates
 from .scrub import redacted_preview
 
 # %% auto #0
-__all__ = ['SAMPLE', 'DEFAULT_EXCLUDE', 'Rejected', 'open_binary', 'capped_lines', 'looks_binary', 'read_jsonl', 'read_text_file',
-           'read_parquet', 'Source', 'read_unit', 'IngestStage']
+__all__ = ['SAMPLE', 'DEFAULT_EXCLUDE', 'Rejected', 'open_binary', 'capped_lines', 'looks_binary', 'json_depth', 'count_lines',
+           'read_jsonl', 'read_text_file', 'read_parquet', 'normalize_text', 'normalize_document', 'Source',
+           'read_unit', 'IngestStage']
 
 # %% ../../nbs/51_ingest.ipynb #94adc1ca
 SAMPLE = 100 + 4096  # bytes kept of a bad record: a preview of 100, plus room for the redactor to see a secret whole
@@ -27,6 +29,7 @@ class Rejected:
     line: int = 0
     detail: str = ''
     sample: bytes = b''
+    count: int = 1  # the input records it stands for: every line of a binary file rejected whole
     def to_json(self):
         return json.dumps(
             dict(
@@ -34,6 +37,7 @@ class Rejected:
                 reason=self.reason,
                 file=self.file,
                 line=self.line,
+                count=self.count,
                 detail=self.detail,
                 sample=redacted_preview(self.sample.decode('utf-8', 'replace'), 100),
             ),
@@ -89,30 +93,57 @@ def capped_lines(f, max_line_bytes) -> Iterator[tuple]:
 # %% ../../nbs/51_ingest.ipynb #7f78e68b
 def looks_binary(head: bytes) -> bool: return b'\x00' in head[:8192]
 
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+def json_depth(s: str, limit: int = 0) -> int:
+    "How deeply JSON text `s` nests arrays and objects (brackets in strings aside); 0 if it has `limit` or fewer."
+    if s.count('[') + s.count('{') <= limit: return 0
+    a = np.frombuffer(_JSON_STRING.sub('', s).encode('utf-8', 'surrogatepass'), np.uint8)
+    step = np.isin(a, (91, 123)).astype(np.int32) - np.isin(a, (93, 125))
+    return int(np.cumsum(step).max(initial=0))
+
+def count_lines(f, chunk=1 << 20) -> int:
+    "Lines left in binary stream `f` (a last line without a newline counts), read in bounded chunks."
+    n, last = 0, b'\n'
+    while b := f.read(chunk): n, last = n + b.count(b'\n'), b[-1:]
+    return n + (last != b'\n')
+
 def _decode(raw, file, line):
     "Strict UTF-8 decode, or a Rejected naming the offset."
     try: return raw.decode('utf-8')
     except UnicodeDecodeError as e: return Rejected('invalid_utf8', file, line, str(e)[:200], raw[:SAMPLE])
 
-def read_jsonl(path, source, text_key='text', max_line_bytes=8 << 20) -> Iterator:
-    "Documents from a JSONL file (plain, .gz or .zst); bad lines and truncated archives become Rejected."
-    rel, f = os.path.basename(path), open_binary(path)
+def _parse_json(raw, path, n, max_depth):
+    "The value of one JSON line, or a Rejected saying why it has none."
+    s = _decode(raw, path, n)
+    if isinstance(s, Rejected): return s
+    if (depth := json_depth(s, max_depth)) > max_depth:
+        return Rejected('too_deep', path, n, f'nested {depth} deep > {max_depth}', raw[:SAMPLE])
+    try: return json.loads(s)
+    except (ValueError, RecursionError) as e: return Rejected('broken_json', path, n, str(e)[:200], raw[:SAMPLE])
+
+def read_jsonl(path, source, text_key='text', max_line_bytes=8 << 20, max_depth=64) -> Iterator:
+    "Documents from a JSONL file (plain, .gz or .zst), one item per line; bad lines and truncated archives: Rejected."
+    rel = os.path.basename(path)
+    try: f = open_binary(path)
+    except OSError as e:
+        yield Rejected('unreadable', path, 0, f'{type(e).__name__}: {e.strerror}')
+        return
     try:
         if looks_binary(f.peek(8192)):
-            yield Rejected('binary', path, 0, '', f.peek(100))
+            head = f.peek(100)[:100]
+            yield Rejected('binary', path, 0, '', head, count=count_lines(f))
             return
         for n, raw in capped_lines(f, max_line_bytes):
             if raw is None:
                 yield Rejected('line_too_long', path, n, f'> {max_line_bytes} bytes')
                 continue
-            if not raw.strip(): continue
-            s = _decode(raw, path, n)
-            if isinstance(s, Rejected):
-                yield s
+            if not raw.strip():
+                yield Rejected('blank_line', path, n)
                 continue
-            try: rec = json.loads(s)
-            except json.JSONDecodeError as e:
-                yield Rejected('broken_json', path, n, str(e), raw[:SAMPLE])
+            rec = _parse_json(raw, path, n, max_depth)
+            if isinstance(rec, Rejected):
+                yield rec
                 continue
             if not isinstance(rec, dict) or not isinstance(rec.get(text_key), str):
                 yield Rejected('no_text', path, n, f'no string field {text_key!r}', raw[:SAMPLE])
@@ -154,6 +185,25 @@ def read_parquet(path, source, text_key='text', batch_size=1024) -> Iterator:
         if isinstance(e, ImportError): raise
         yield Rejected('corrupt_parquet', path, 0, f'{type(e).__name__}: {e}'[:300])
 
+# %% ../../nbs/51_ingest.ipynb #norm0ex1
+_CONTROL = re.compile('[\x00-\x08\x0e-\x1f\x7f]')  # C0 and DEL; tab, newline, VT, FF and CR stay
+
+def normalize_text(text: str) -> tuple:
+    "(`text` fit for every later stage, the repairs made): lone surrogates become U+FFFD, control characters go."
+    t = without_surrogates(text)
+    fixes = ['lone_surrogate'] if t is not text else []
+    u = _CONTROL.sub('', t)
+    return u, fixes + (['control_chars'] if len(u) != len(t) else [])
+
+def normalize_document(doc: Document) -> tuple:
+    "(the document with its text and id repaired, or a Rejected if no visible text is left; the repairs made)."
+    text, fixes = normalize_text(doc.text)
+    if fixes and not text.strip():
+        sample = doc.text[:SAMPLE].encode('utf-8', 'replace')
+        return Rejected('control_only', doc.id, 0, ', '.join(fixes), sample), fixes
+    return (Document(without_surrogates(doc.id), text, doc.meta) if fixes or not doc.id.isascii() else doc), fixes
+
+
 # %% ../../nbs/51_ingest.ipynb #aba0e35a
 DEFAULT_EXCLUDE = ('__pycache__', '.git', '.hg', 'node_modules', '.venv', 'site-packages')
 
@@ -169,6 +219,7 @@ class Source:
     exclude: tuple = DEFAULT_EXCLUDE
     max_line_bytes: int = 8 << 20
     max_doc_bytes: int = 1 << 20
+    max_json_depth: int = 64
 
     def units(self) -> list:
         "Work units as (name, [files], size): one per file, or one per repository for `repo` sources."
@@ -198,7 +249,8 @@ def read_unit(src: Source, unit) -> Iterator:
     "Documents and Rejected records of one work unit of a source."
     name, files, _ = unit
     for f in files:
-        if src.kind == 'jsonl': yield from read_jsonl(f, src.name, src.text_key, src.max_line_bytes)
+        if src.kind == 'jsonl':
+            yield from read_jsonl(f, src.name, src.text_key, src.max_line_bytes, src.max_json_depth)
         elif src.kind == 'parquet': yield from read_parquet(f, src.name, src.text_key)
         elif src.kind == 'text':
             yield read_text_file(f, src.name, f'{src.name}/{os.path.basename(f)}', None, src.max_doc_bytes)
@@ -227,19 +279,22 @@ class IngestStage(Stage):
         p = os.path.expanduser(self.src.path)
         return p if os.path.isdir(p) else os.path.dirname(p.split('*')[0].split('?')[0].split('[')[0])
     def run(self, i):
-        counts, rejects = {'docs_out': 0, 'bytes_in': 0, 'docs_in': 0}, []
+        counts, rejects = Counter(docs_out=0, bytes_in=0, docs_in=0), []
         def docs():
             for u in self.dealt[i]:
                 counts['bytes_in'] += u[2]
                 for r in read_unit(self.src, u):
-                    counts['docs_in'] += 1
+                    if isinstance(r, Document):
+                        r, fixes = normalize_document(r)
+                        for why in fixes: counts[f'ingest/changed:{why}'] += 1
+                    counts['docs_in'] += r.count if isinstance(r, Rejected) else 1
                     if isinstance(r, Rejected):
-                        r.file = os.path.relpath(r.file, self.base)  # outputs must not depend on where the inputs live
-                        k = f'ingest/removed:{r.reason}'
-                        counts[k] = counts.get(k, 0) + 1
+                        # outputs must not depend on where the inputs live
+                        if os.path.isabs(r.file): r.file = os.path.relpath(r.file, self.base)
+                        counts[f'ingest/removed:{r.reason}'] += r.count
                         rejects.append(r.to_json())
                     else: yield r
         counts['docs_out'] = write_docs(Path(self.out)/f'{self.task_name(i)}.jsonl.zst', docs())
         write_jsonl_zst(Path(self.out)/'rejects'/f'{self.task_name(i)}.jsonl.zst', rejects)
         counts['ingest/kept'] = counts['docs_out']
-        return counts
+        return dict(counts)

@@ -6,25 +6,31 @@
 from __future__ import annotations
 from pathlib import Path
 import numpy as np
-from .core import Stage, list_shards, read_docs
+from .core import Stage, list_shards, read_docs, without_surrogates
 import logging
 from .tokenize import load_tokenizer, write_token_shard, write_token_meta, read_token_shard, EOS
 
 # %% auto #0
-__all__ = ['long_candidates', 'long_token_ids', 'long_from_tokens', 'Long']
+__all__ = ['packed_repo', 'long_candidates', 'long_token_ids', 'long_from_tokens', 'Long']
 
 # %% ../../nbs/58_long.ipynb #c64240b0
+def packed_repo(d):
+    "The repository of a part `RepoPack` wrote, or None (a `packed` field of some input record does not count)."
+    m = d.meta
+    ok = m.get('packed') is True and isinstance(m.get('repo'), str) and type(m.get('part')) is int
+    return m['repo'] if ok else None
+
 def long_candidates(docs, min_tokens) -> list:
     "(text, is_repo): packed repositories joined across parts, and documents of at least `min_tokens` characters."
     out, cur, cur_repo = [], [], None
     def flush():
         if cur: out.append((''.join(cur), True))
     for d in docs:
-        if d.meta.get('packed'):
-            if d.meta['repo'] != cur_repo:
+        if repo := packed_repo(d):
+            if repo != cur_repo:
                 flush()
-                cur, cur_repo = [], d.meta['repo']
-            cur.append(d.text if d.meta['part'] == 0 else d.text.removeprefix(f"<repo_name>{d.meta['repo']}"))
+                cur, cur_repo = [], repo
+            cur.append(d.text if d.meta['part'] == 0 else d.text.removeprefix(f"<repo_name>{repo}"))
             continue
         flush()
         cur, cur_repo = [], None
@@ -34,7 +40,7 @@ def long_candidates(docs, min_tokens) -> list:
 
 def long_token_ids(cands, tok, min_tokens, eos) -> list:
     "Encode every candidate once; keep repositories whole and documents of at least `min_tokens` tokens."
-    encs = tok.encode_batch([t for t, _ in cands])
+    encs = tok.encode_batch([without_surrogates(t) for t, _ in cands])
     return [np.array(e.ids + [eos], np.uint32) for e, (_, repo) in zip(encs, cands) if repo or len(e.ids) >= min_tokens]
 
 def long_from_tokens(docs, ids, ends, min_tokens, eos, file_sep) -> list:
@@ -44,10 +50,10 @@ def long_from_tokens(docs, ids, ends, min_tokens, eos, file_sep) -> list:
         if cur: out.append(np.concatenate(cur + [np.array([eos], np.uint32)]))
     for d, end in zip(docs, ends):
         x, start = np.asarray(ids[start:end], np.uint32), int(end)  # this document's ids, EOS last
-        if d.meta.get('packed'):
-            if d.meta['repo'] != cur_repo:
+        if repo := packed_repo(d):
+            if repo != cur_repo:
                 flush()
-                cur, cur_repo = [], d.meta['repo']
+                cur, cur_repo = [], repo
             body = x[:-1]
             if d.meta['part'] and (body == file_sep).any(): body = body[np.argmax(body == file_sep):]
             cur.append(body)

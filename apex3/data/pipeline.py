@@ -4,10 +4,11 @@
 
 # %% ../../nbs/5b_pipeline.ipynb #55f0d5c9
 from __future__ import annotations
-import json, os, sys, time, tomllib
+import errno, glob, inspect, json, math, os, re, sys, tempfile, time, tomllib
+from collections import Counter
 from pathlib import Path
 from ..usage import ArgParser, UsageError
-from .core import MapStage, LocalExecutor, RayExecutor, list_shards, read_docs, read_jsonl_zst
+from .core import MapStage, LocalExecutor, RayExecutor, list_shards, read_docs, read_jsonl_zst, atomic_write_bytes
 from .ingest import Source, IngestStage
 from .clean import GopherQuality, GopherRepetition, C4Lines, FineWebQuality, CodeQuality
 from .decontaminate import Decontaminate, Benchmark, humaneval_prompts, jsonl_prompts
@@ -19,8 +20,9 @@ from .long import Long
 from .download import DownloadStage, run_downloads
 
 # %% auto #0
-__all__ = ['STEPS', 'SOURCE_KEYS', 'make_step', 'load_config', 'source_stages', 'pipeline_stages', 'run_pipeline', 'data_main',
-           'final_docs', 'all_rejects', 'output_files']
+__all__ = ['STEPS', 'KINDS', 'SCHEMA', 'SOURCE_KEYS', 'STAGE_HEADER', 'make_step', 'config_errors', 'load_config',
+           'source_stages', 'pipeline_stages', 'stage_row', 'run_pipeline', 'fs_error_line', 'check_writable',
+           'data_main', 'final_docs', 'all_rejects', 'output_files']
 
 # %% ../../nbs/5b_pipeline.ipynb #0c26d649
 def _decontaminate(policy='drop', n=13, humaneval=True, extra_jsonl=(), field='prompt'):
@@ -42,18 +44,134 @@ STEPS = {
 def make_step(name, params):
     if name not in STEPS: raise UsageError(f"unknown step {name!r} (choose from {', '.join(list(STEPS) + ['dedup'])})")
     try: return STEPS[name](**params.get(name, {}))
-    except TypeError as e: raise UsageError(f'[params.{name}]: {e}') from None
+    except (TypeError, ValueError) as e: raise UsageError(f'[params.{name}]: {e}') from None
+
+# %% ../../nbs/5b_pipeline.ipynb #cfgval0a
+KINDS = ('jsonl', 'parquet', 'text', 'repo')
+
+def _int(lo, hi=None) -> tuple:
+    what = f'an integer >= {lo}' if hi is None else f'an integer from {lo} to {hi}'
+    return what, lambda v: type(v) is int and v >= lo and (hi is None or v <= hi)
+
+_STR = ('a non-empty string', lambda v: isinstance(v, str) and v.strip() != '')
+_STRS = ('a list of strings', lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+_BOOL = ('true or false', lambda v: type(v) is bool)
+
+SCHEMA = {
+    'pipeline': {'out': _STR, 'workers': _int(1, 1024), 'downloads': _int(1, 64)},
+    'source': {'name': _STR, 'kind': _STR, 'path': _STR, 'url': _STR, 'urls': _STRS, 'sha256': _STRS, 'manifest': _STR,
+               'shards': _int(1, 1 << 16), 'text_key': _STR, 'extensions': _STRS, 'exclude': _STRS,
+               'max_line_bytes': _int(1), 'max_doc_bytes': _int(1), 'max_json_depth': _int(1, 500), 'stages': _STRS},
+    'params': {},  # checked against each step's signature
+    'tokenize': {'vocab_size': _int(256, 1 << 22), 'sample_bytes': _int(1), 'tokenizer_json': _STR},
+    'long': {'enabled': _BOOL, 'min_tokens': _int(1)},
+}
+
+def _show(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + '...'
+
+def _table_errors(where, table, schema) -> list:
+    "Keys of `table` that `schema` does not know, and values that are not what the schema says."
+    if not isinstance(table, dict): return [f'{where}: {_show(table)} is not a table']
+    errs = [f"{where}.{k}: unknown key (known: {', '.join(schema)})" for k in table if k not in schema]
+    return errs + [f'{where}.{k}: {_show(table[k])} is not {what}'
+                   for k, (what, ok) in schema.items() if k in table and not ok(table[k])]
+
+
+# %% ../../nbs/5b_pipeline.ipynb #cfgval0b
+def _has_input(kind, path, extensions) -> bool:
+    "Whether a source's `path` names at least one input: a file matching the glob, or a repository file."
+    if kind != 'repo': return any(os.path.isfile(f) for f in glob.iglob(path, recursive=True))
+    return any(f.endswith(tuple(extensions)) for _, _, fs in os.walk(path) for f in fs)
+
+def _source_errors(k, s, base, seen) -> list:
+    "Problems of the `k`-th `[[source]]` table (its keys, types, kind, stages and inputs on disk)."
+    where, errs = f'source[{k}]', _table_errors(f'source[{k}]', s, SCHEMA['source'])
+    if not isinstance(s, dict): return errs
+    good = lambda key: key in s and SCHEMA['source'][key][1](s[key])
+    if 'name' not in s: errs.append(f'{where}.name: missing')
+    elif good('name'):
+        if not re.fullmatch(r'[\w.-]+', s['name']) or s['name'] in ('.', '..'):
+            errs.append(f"{where}.name: {_show(s['name'])} must be a folder name (letters, digits, _ . -)")
+        if s['name'] in seen: errs.append(f"{where}.name: {_show(s['name'])} names another source too")
+        seen.add(s['name'])
+    if 'kind' not in s: errs.append(f"{where}.kind: missing (one of {', '.join(KINDS)})")
+    elif good('kind') and s['kind'] not in KINDS:
+        errs.append(f"{where}.kind: unknown kind {_show(s['kind'])} (one of {', '.join(KINDS)})")
+    stage_names = list(STEPS) + ['dedup']
+    if good('stages'):
+        errs += [f"{where}.stages: unknown stage {_show(x)} (choose from {', '.join(stage_names)})"
+                 for x in s['stages'] if x not in stage_names]
+    downloads = 'url' in s or 'urls' in s
+    if not downloads and 'path' not in s: errs.append(f'{where}.path: missing (or url / urls to download)')
+    if good('path') and not downloads:  # whatever the kind says (or fails to say), the path must name inputs
+        full, repo = str(base/os.path.expanduser(s['path'])), s.get('kind') == 'repo'
+        if not _has_input('repo' if repo else 'jsonl', full, s['extensions'] if good('extensions') else ('.py',)):
+            what = 'no file with the extensions under the folder' if repo else 'matches no file'
+            errs.append(f"{where}.path: {_show(s['path'])} {what} ({full})")
+    if good('urls') and good('sha256') and len(s['urls']) != len(s['sha256']):
+        errs.append(f"{where}.sha256: {len(s['sha256'])} checksums for {len(s['urls'])} urls")
+    return errs
+
+def _same_type(v, default) -> bool:
+    "Whether config value `v` can stand for a parameter whose default is `default`."
+    if default is None or default is inspect.Parameter.empty: return True
+    if isinstance(default, bool): return type(v) is bool
+    if isinstance(default, int): return type(v) is int
+    if isinstance(default, float): return type(v) in (int, float) and math.isfinite(v)
+    if isinstance(default, (tuple, list)): return isinstance(v, list)
+    return isinstance(v, type(default))
+
+def _params_errors(params) -> list:
+    "Problems of `[params.STEP]` tables: unknown steps, keys the step does not take, values of the wrong type."
+    if not isinstance(params, dict): return [f'params: {_show(params)} is not a table']
+    errs = []
+    for name, p in params.items():
+        if name not in STEPS:
+            errs.append(f"params.{name}: unknown step (choose from {', '.join(STEPS)})")
+            continue
+        if not isinstance(p, dict):
+            errs.append(f'params.{name}: {_show(p)} is not a table')
+            continue
+        sig = inspect.signature(STEPS[name]).parameters
+        for key, v in p.items():
+            if key not in sig: errs.append(f"params.{name}.{key}: unknown parameter (known: {', '.join(sig)})")
+            elif not _same_type(v, sig[key].default):
+                errs.append(f'params.{name}.{key}: {_show(v)} is not of the type of {_show(sig[key].default)}')
+    return errs
+
+def config_errors(cfg, base) -> list:
+    "Every problem of a parsed config (paths relative to folder `base`), as 'key: what is wrong' strings."
+    errs = [f"{k}: unknown table (known: {', '.join(SCHEMA)})" for k in cfg if k not in SCHEMA]
+    for k in ('pipeline', 'tokenize', 'long'):
+        if k in cfg: errs += _table_errors(k, cfg[k], SCHEMA[k])
+    errs += _params_errors(cfg.get('params', {}))
+    sources, seen = cfg.get('source'), set()
+    if not sources: errs.append('source: no [[source]] tables')
+    elif not isinstance(sources, list): errs.append(f'source: {_show(sources)} is not an array of [[source]] tables')
+    else:
+        for k, s in enumerate(sources): errs += _source_errors(k, s, Path(base), seen)
+    tj = cfg.get('tokenize', {}).get('tokenizer_json') if isinstance(cfg.get('tokenize'), dict) else None
+    if isinstance(tj, str) and tj.strip() and not (Path(base)/os.path.expanduser(tj)).is_file():
+        errs.append(f'tokenize.tokenizer_json: no file {Path(base)/os.path.expanduser(tj)}')
+    return errs
+
 
 # %% ../../nbs/5b_pipeline.ipynb #da0bb8bb
-SOURCE_KEYS = {'name', 'kind', 'path', 'shards', 'text_key', 'extensions', 'exclude', 'max_line_bytes', 'max_doc_bytes'}
+SOURCE_KEYS = {'name', 'kind', 'path', 'shards', 'text_key', 'extensions', 'exclude', 'max_line_bytes', 'max_doc_bytes',
+               'max_json_depth'}
 
 def load_config(path) -> dict:
-    "Read a pipeline TOML; relative paths are resolved against the config's folder."
+    "Read and check a pipeline TOML (every problem in one `UsageError`); relative paths resolve against its folder."
     path = Path(path)
     if not path.exists(): raise UsageError(f'no such config: {path}')
-    try: cfg = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e: raise UsageError(f'{path}: {e}') from None
+    try: cfg = tomllib.loads(path.read_bytes().decode('utf-8'))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e: raise UsageError(f'{path}: {e}') from None
+    except OSError as e: raise UsageError(f'{path}: {e.strerror}') from None
     base = path.parent.resolve()
+    if errs := config_errors(cfg, base):
+        raise UsageError(f"{path}: {len(errs)} problem{'s' * (len(errs) > 1)}: " + '; '.join(errs))
     cfg.setdefault('pipeline', {})
     cfg['pipeline']['out'] = str(base / cfg['pipeline'].get('out', 'out'))
     for s in cfg.get('source', []):
@@ -62,11 +180,11 @@ def load_config(path) -> dict:
             s['download_to'] = str(Path(cfg['pipeline']['out'])/'downloads'/s.get('name', 'source'))
             s.setdefault('path', s['download_to'] + '/*')
         if 'manifest' in s: s['manifest'] = str(base/os.path.expanduser(s['manifest']))
-        if 'path' not in s: raise UsageError(f"{path}: source {s.get('name', '?')!r} needs a path or urls")
         s['path'] = str(base/os.path.expanduser(s['path']))
         for k in ('extensions', 'exclude'):
             if k in s: s[k] = tuple(s[k])
-    if not cfg.get('source'): raise UsageError(f'{path}: no [[source]] tables')
+    if 'tokenizer_json' in cfg.get('tokenize', {}):
+        cfg['tokenize']['tokenizer_json'] = str(base/os.path.expanduser(cfg['tokenize']['tokenizer_json']))
     return cfg
 
 def source_stages(s, out, params):
@@ -113,10 +231,23 @@ def pipeline_stages(cfg):
             n = cfg.get('long', {}).get('min_tokens', 2048)
             yield Long(s['_final'], out/'tokens'/'long', tt.path, n, s['name'], tokens=out/'tokens'/s['name'])
 
+def stage_row(st, recs, seconds, out) -> str:
+    "The stage table's row: tasks, seconds, records in, kept and set aside, and the folder of the set-aside records."
+    c = Counter()
+    for r in recs: c.update({k: v for k, v in r['counts'].items() if type(v) is int})
+    aside = sum(v for k, v in c.items() if '/removed:' in k)
+    rej = Path(getattr(st, 'out', ''), 'rejects')
+    where = os.path.relpath(rej, out) if aside or rej.is_dir() else ''
+    kept = c['docs_out'] if 'docs_out' in c else '-'
+    return f"{st.name:<44} {len(recs):>3} tasks {seconds:7.2f}s {c['docs_in']:>8} {kept:>8} {aside:>7}  {where}"
+
+STAGE_HEADER = f"{'stage':<44} {'':>3}       {'seconds':>8} {'in':>8} {'kept':>8} {'aside':>7}  set-aside records"
+
 def run_pipeline(cfg, executor=None, log=print) -> list:
-    "Run (or resume) every stage; returns every task's marker record, tagged with its stage."
+    "Run (or resume) every stage, printing the stage table; returns every task's marker record, tagged with its stage."
     ex = executor or LocalExecutor(cfg['pipeline'].get('workers', 1))
     recs = []
+    log(STAGE_HEADER)
     try:
         for st in pipeline_stages(cfg):
             t0 = time.perf_counter()
@@ -124,10 +255,10 @@ def run_pipeline(cfg, executor=None, log=print) -> list:
             r = run_downloads(st, cfg['pipeline'].get('downloads', 4), False) if dl else ex.run(st)
             for x in r: x['stage'] = st.name
             recs += r
-            log(f'{st.name:<48} {len(r):>3} tasks {time.perf_counter() - t0:7.2f}s')
+            log(stage_row(st, r, time.perf_counter() - t0, cfg['pipeline']['out']))
     finally:
         if executor is None: ex.close()  # the pool we started (one for all stages)
-    Path(cfg['pipeline']['out'], 'markers.json').write_text(json.dumps(recs))
+    atomic_write_bytes(Path(cfg['pipeline']['out'], 'markers.json'), json.dumps(recs).encode())
     return recs
 
 # %% ../../nbs/5b_pipeline.ipynb #b0b6a5e1
@@ -144,8 +275,29 @@ def _set_params(pairs) -> dict:
         except tomllib.TOMLDecodeError: out[k] = v
     return out
 
+def fs_error_line(e: OSError) -> str:
+    "A file-system failure in one line: the path, the cause, and that the finished tasks are kept."
+    if e.filename is None and e.strerror is None: return f'{type(e).__name__}: {e}'
+    code = errno.errorcode.get(e.errno, e.errno)
+    return f'{e.filename or "?"}: {e.strerror} ({code}); finished tasks are kept: run again to resume'
+
+def check_writable(folder):
+    "Create `folder` (and its parents) and write a probe file there, so an unwritable output fails before any work."
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix='.write-probe.')
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f'cannot write to {folder}: {e.strerror} ({errno.errorcode.get(e.errno)})') from None
+
 def data_main(argv=()):
-    "apex3 data: run the data pipeline (`run CONFIG`, `demo`, `corpus`) or one stage."
+    "apex3 data: run the pipeline (`run CONFIG`, `demo`, `corpus`) or one stage; a file-system failure is one line."
+    try: return _data_main(argv)
+    except OSError as e: raise UsageError(fs_error_line(e)) from None
+
+def _data_main(argv):
     p = ArgParser(prog='apex3 data', description='run the data pipeline or one stage')
     p.add_argument('what', help=f"run | demo | corpus | dedup | {' | '.join(STEPS)}")
     p.add_argument('args', nargs='*', help='run: CONFIG; demo/corpus: OUT; a stage: SRC OUT')
@@ -168,6 +320,7 @@ def data_main(argv=()):
         if len(a.args) != 1: raise UsageError('run expects one CONFIG')
         cfg = load_config(a.args[0])
         if a.workers: cfg['pipeline']['workers'] = a.workers
+        check_writable(cfg['pipeline']['out'])
         recs = run_pipeline(cfg, _executor(a) if a.executor == 'ray' else None)
         from apex3.data.stats import summary
         print(summary(cfg['pipeline']['out'], recs))
@@ -175,6 +328,7 @@ def data_main(argv=()):
     if len(a.args) != 2: raise UsageError(f'{a.what} expects SRC OUT')
     src, out = a.args
     if not list_shards(src): raise UsageError(f'no *.jsonl.zst shards in {src}')
+    check_writable(out)
     stages = dedup_stages(src, Path(out)/'.dedup_work', out) if a.what == 'dedup' else \
              [MapStage(a.what, src, out, [make_step(a.what, {a.what: _set_params(a.set)})])]
     ex = _executor(a)

@@ -72,6 +72,8 @@ def pack_parts(repo, files, max_pack_bytes) -> list:
     if cur: parts.append(cur)
     return [(f'{REPO_NAME}{repo}' + ''.join(p for _, p in part), [f for f, _ in part]) for part in parts]
 
+def _path(d) -> str: return p if isinstance(p := d.meta.get('path'), str) else d.id
+
 class RepoPack(Step):
     "Group documents per repository, order by imports, write `<repo_name>`/`<file_sep>` packs under size caps."
     name = 'repopack'
@@ -80,7 +82,7 @@ class RepoPack(Step):
     def __call__(self, docs, ctx):
         repos = {}
         for d in docs:
-            if 'repo' not in d.meta:
+            if not isinstance(d.meta.get('repo'), str):  # an input record's `repo` may be any JSON value
                 ctx.counts[f'{self.name}/unpacked'] += 1
                 yield d
                 continue
@@ -90,7 +92,7 @@ class RepoPack(Step):
                 continue
             repos.setdefault(d.meta['repo'], []).append(d)
         for repo, ds in repos.items():
-            files = order_files(repo, [(d.meta.get('path', d.id), d.text) for d in ds])
+            files = order_files(repo, [(_path(d), d.text) for d in ds])
             parts = pack_parts(repo, files, self.max_pack_bytes)
             ctx.counts[f'{self.name}/files'] += len(ds)
             ctx.counts[f'{self.name}/repos'] += 1

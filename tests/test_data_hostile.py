@@ -1,0 +1,129 @@
+"""No bytes stop a run: arbitrary bytes and arbitrary JSON values go through `apex3 data run` end to end (ingest, a
+step chain, dedup's three stages, tokenizer training, token shards, long documents). The run exits 0, every ordinary
+document reaches the token shards and decodes back to its text, and what is kept plus what is set aside (counted, and
+written as reject records with a reason) is every line read, where the line count comes from the input bytes."""
+import json, re, tempfile
+from collections import Counter
+from pathlib import Path
+import pytest
+from hypothesis import given, settings, strategies as st, HealthCheck
+from apex3.cli import run_cli
+from apex3.data.core import list_shards, read_docs, read_jsonl_zst
+from apex3.data.stats import load_markers
+from apex3.data.tokenize import load_tokenizer, read_token_shard
+
+KEEPING = ['redact', 'dedup']  # steps that keep every ordinary document (dedup: no two share 70% of their 5-grams)
+EVERY_STEP = ['decontaminate', 'code', 'c4', 'gopher_repetition', 'gopher_quality', 'fineweb', 'redact', 'dedup']
+CONFIG = '''[pipeline]
+out = "out"
+workers = 1
+[[source]]
+name = "s"
+kind = "jsonl"
+path = "raw/*.jsonl"
+shards = 2
+max_line_bytes = 4096
+stages = {stages}
+[tokenize]
+vocab_size = 300
+[long]
+min_tokens = 8
+'''
+CONTROL = re.compile('[\x00-\x08\x0e-\x1f\x7f]')
+
+def line_count(data: bytes) -> int: return data.count(b'\n') + (not data.endswith(b'\n')) if data else 0
+
+def tag(k) -> str: return ' '.join(f'w{k}x{j}' for j in range(8))  # eight words no other document has
+
+ordinary_text = st.text(st.characters(blacklist_categories=('Cs', 'Cc')) | st.sampled_from('\t\n\r '), max_size=60)
+json_leaf = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10)
+json_value = st.recursive(json_leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=5), c, max_size=4),
+                          max_leaves=12)
+meta = st.dictionaries(st.text(max_size=8).filter(lambda k: k not in ('id', 'text', 'packed')), json_value, max_size=3)
+any_char_text = st.text(st.characters(blacklist_categories=()), max_size=40)  # lone surrogates and controls included
+hostile_line = st.one_of(
+    st.binary(max_size=120).filter(lambda b: b'\x00' not in b),
+    json_value.map(lambda v: json.dumps(v).encode()),
+    st.builds(lambda t, m: json.dumps({**m, 'text': t}).encode(), any_char_text, meta),
+    st.integers(65, 3000).map(lambda n: b'[' * n + b']' * n),
+    st.integers(4301, 6000).map(lambda n: b'{"text": 1' + b'0' * n + b'}'),
+    st.integers(4097, 9000).map(lambda n: b'{"text": "' + b'x' * n + b'"}'),
+    st.sampled_from([b'', b'   ', b'{"text": "\\u0000\\u0001\\u001b"}', b'{"text": "\\ud800 alone"}', b'{"text": 5}']),
+)
+SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+
+def run(tmp, ordinary, hostile, blob, stages):
+    "Write the inputs, run `apex3 data run`; return (exit status, stderr, lines read, ordinary records)."
+    raw = Path(tmp)/'raw'
+    raw.mkdir()
+    docs = [{'id': f'ord-{k}', 'text': f'{tag(k)} {t}', **m} for k, (t, m) in enumerate(ordinary)]
+    lines = [json.dumps(d).encode() for d in docs] + hostile
+    a = b'\n'.join(sorted(lines, key=lambda l: hash(l) % 7)) + b'\n'  # ordinary and hostile lines interleaved
+    (raw/'a.jsonl').write_bytes(a)
+    (raw/'b.jsonl').write_bytes(blob)  # arbitrary bytes: a NUL in its first 8 KB sets it aside whole
+    (Path(tmp)/'c.toml').write_text(CONFIG.format(stages=json.dumps(stages)))
+    rc, out, err = run_cli('data', 'run', Path(tmp)/'c.toml')
+    return rc, err, line_count(a) + line_count(blob), docs
+
+def check_accounting(tmp, n_lines):
+    "kept + set aside == lines read; the set-aside records' counts add up to the same; returns the final documents."
+    out = Path(tmp)/'out'
+    recs = load_markers(out)
+    assert sum(r['counts']['docs_in'] for r in recs if r['stage'].startswith('ingest:')) == n_lines
+    aside = sum(v for r in recs for k, v in r['counts'].items() if '/removed:' in k)
+    records = [json.loads(l) for f in sorted(out.glob('work/s/*/rejects/*.jsonl.zst')) for l in read_jsonl_zst(f)]
+    assert sum(r.get('count', 1) for r in records) == aside and all(r['reason'] for r in records)
+    last = sorted(p for p in (out/'work'/'s').iterdir() if p.is_dir() and not p.name.endswith('_work'))[-1]
+    final = [d for f in list_shards(last) for d in read_docs(f)]
+    assert len(final) + aside == n_lines, (len(final), aside, n_lines)
+    return final, last
+
+def check_tokens(tmp, last):
+    "Every kept document is in its shard's token file, in order, and decodes back to its text."
+    out = Path(tmp)/'out'
+    tok = load_tokenizer(out/'tokenizer'/'tokenizer.json')
+    for f in list_shards(last):
+        docs = list(read_docs(f))
+        stem = out/'tokens'/'s'/Path(f).name.removesuffix('.jsonl.zst')
+        ids, ends = read_token_shard(stem) if docs else ([], [])
+        assert len(ends) == len(docs)
+        for d, lo, hi in zip(docs, [0, *ends[:-1]], ends):
+            assert tok.decode(ids[int(lo):int(hi) - 1].tolist(), skip_special_tokens=False) == d.text
+
+@SETTINGS
+@given(st.lists(st.tuples(ordinary_text, meta), max_size=6), st.lists(hostile_line, max_size=10), st.binary(max_size=300))
+def test_no_bytes_stop_a_run(ordinary, hostile, blob):
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, err, n_lines, docs = run(tmp, ordinary, hostile, blob, KEEPING)
+        assert rc == 0 and 'Traceback' not in err, err[-2000:]
+        final, last = check_accounting(tmp, n_lines)
+        assert {d['id'] for d in docs} <= {d.id for d in final}  # every ordinary document
+        check_tokens(tmp, last)
+        with pytest.raises(Exception):  # the control: the tokenizer itself refuses the unrepaired text
+            load_tokenizer(Path(tmp)/'out'/'tokenizer'/'tokenizer.json').encode('lone \ud800 surrogate')
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(ordinary_text, meta), max_size=4), st.lists(hostile_line, max_size=8), st.binary(max_size=200))
+def test_every_step_holds(ordinary, hostile, blob):
+    "The quality filters and decontamination may remove ordinary documents, but nothing stops the run or goes uncounted."
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, err, n_lines, _ = run(tmp, ordinary, hostile, blob, EVERY_STEP)
+        assert rc == 0 and 'Traceback' not in err, err[-2000:]
+        check_tokens(tmp, check_accounting(tmp, n_lines)[1])
+
+def test_the_hostile_lines_of_the_issue():
+    "The cases that stopped runs, by name: each is set aside (or repaired) with its reason, and the run goes on."
+    lines = [b'[' * 2000 + b']' * 2000,  # under the line cap: the nesting is what must be caught
+             b'{"text": "lone \\ud800 surrogate"}', b'{"text": "\\u0000\\u0001\\u0002"}',
+             b'{"text": "nul\\u0000 inside"}', b'{"text": "fine"}']
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, err, n_lines, _ = run(tmp, [], lines, b'', ['redact'])
+        assert rc == 0, err
+        final, last = check_accounting(tmp, n_lines)
+        assert sorted(d.text for d in final) == sorted(['fine', 'lone \ufffd surrogate', 'nul inside'])
+        counts = sum((Counter(r['counts']) for r in load_markers(Path(tmp)/'out')), Counter())
+        assert counts['ingest/removed:too_deep'] == 1 and counts['ingest/removed:control_only'] == 1
+        assert counts['ingest/changed:lone_surrogate'] == 1 and counts['ingest/changed:control_chars'] == 2
+        check_tokens(tmp, last)
+        with pytest.raises(Exception):  # the control: the tokenizer itself refuses the unrepaired text
+            load_tokenizer(Path(tmp)/'out'/'tokenizer'/'tokenizer.json').encode('lone \ud800 surrogate')

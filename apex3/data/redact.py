@@ -16,7 +16,7 @@ __all__ = ['Rule', 'CLOUD', 'CODE_HOST', 'CHAT', 'PAYMENT', 'REGISTRY', 'SAAS', 
            'apply_rules', 'Redact', 'fake_secrets', 'secret_values', 'secret_cases', 'whole_replaced', 'suite_table',
            'family_cases', 'replaced_whole', 'family_recall', 'detect_secrets_found', 'finds']
 
-# %% ../../nbs/55_redact.ipynb #40dea022
+# %% ../../nbs/55_redact.ipynb #9f6dac21
 Rule = namedtuple('Rule', 'family kind pattern group check hints fold')
 
 def rule(family, kind, regex, hints, group=0, check=None, fold=False) -> Rule:
@@ -54,7 +54,7 @@ def tokenish(s) -> bool:
     return (any(c.isdigit() for c in s) and any(c.isalpha() for c in s) and plain_value(s)
             and not re.fullmatch(r'[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+', s))
 
-# %% ../../nbs/55_redact.ipynb #4e647147
+# %% ../../nbs/55_redact.ipynb #5c56461c
 CLOUD = [
     rule('cloud', 'AWS_ACCESS_KEY', rf'{_L}(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{{16}}{_R}',
          ('AKIA', 'ASIA', 'ABIA', 'ACCA', 'A3T')),
@@ -96,7 +96,7 @@ CODE_HOST = [
     rule('code_host', 'BITBUCKET_SECRET', vendor('bitbucket', '[A-Za-z0-9_=-]{32,64}'), 'bitbucket', 1, fold=True),
 ]
 
-# %% ../../nbs/55_redact.ipynb #58784bd2
+# %% ../../nbs/55_redact.ipynb #84c922c6
 CHAT = [
     rule('chat', 'SLACK_TOKEN', rf'{_L}(?:xox[abposre]|xoxe\.xox[bp]|xapp)-[A-Za-z0-9-]*[A-Za-z0-9]', ('xox', 'xapp-')),
     rule('chat', 'SLACK_WEBHOOK', r'(?:https?://)?hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9+/]{20,}',
@@ -158,7 +158,7 @@ SAAS = [
     rule('saas', 'PERPLEXITY_KEY', rf'{_L}pplx-[A-Za-z0-9]{{48}}', 'pplx-'),
 ]
 
-# %% ../../nbs/55_redact.ipynb #60f9aba1
+# %% ../../nbs/55_redact.ipynb #4a6446fb
 _SCHEME = r'(?:(?i:basic|bearer|token|apikey|api-key|sso-key|key|otoken|jwt)\s+)?'
 AUTH_HEADER = [
     rule('auth_header', 'AUTH_HEADER', r'(?i:\b(?:proxy-)?authorization)["\'\]]{0,2}\s*[:=,]\s*["\'(]?' + _SCHEME +
@@ -187,7 +187,7 @@ CONNECTION = [
 
 JWT = [rule('jwt', 'JSON_WEB_TOKEN', JWT_RE, 'eyJ')]
 
-# %% ../../nbs/55_redact.ipynb #6201ab55
+# %% ../../nbs/55_redact.ipynb #f5e7a08e
 _B64L = r'[A-Za-z0-9+/]'
 PRIVATE_KEY = [
     rule('private_key', 'PRIVATE_KEY', PEM_RE, '-----BEGIN'),
@@ -206,7 +206,7 @@ PRIVATE_KEY = [
     rule('private_key', 'PRIVATE_KEY', r'\{(?=[^{}]*"kty")(?=[^{}]*"d"\s*:)[^{}]*\}', '"kty"'),  # a private JWK
 ]
 
-# %% ../../nbs/55_redact.ipynb #e70962f4
+# %% ../../nbs/55_redact.ipynb #e248e821
 _GROUP = r'(?:\(\d{1,4}\)|\d{1,8})'
 PHONE_INTL_RE = re.compile(r'(?<![\w+*/=<>%^&|.\])}-])(\(?\+\d{1,3}\)?(?:[ .-]?' + _GROUP + r'){1,7})(?![\w+]|[.,-]\d)')
 PHONE_NAMED_RE = re.compile(r'(?i:\b(?:phone|tel|telephone|mobile|mob|cell|fax|whatsapp|sms)\b\.?'
@@ -354,7 +354,7 @@ def suite_table(cases, outs):
     t.loc[('all', ''), :] = [len(df), df.whole.sum()]
     return t.assign(recall=lambda t: t.replaced_whole / t.cases)
 
-# %% ../../nbs/55_redact.ipynb #630565c7
+# %% ../../nbs/55_redact.ipynb #d14adef6
 _HEX, _LOWD = '0123456789abcdef', 'abcdefghijklmnopqrstuvwxyz0123456789'
 _BECH32 = 'QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L'
 
@@ -562,7 +562,7 @@ def family_cases(rng, rounds=2) -> list:
             out += [dict(zip(_FIELDS, c)) for c in _special_cases(rng)]
     return out
 
-# %% ../../nbs/55_redact.ipynb #fed8d56a
+# %% ../../nbs/55_redact.ipynb #dcb46078
 PLACEHOLDER_RE = re.compile(r'<(?:SECRET_[A-Z0-9_]+|EMAIL|PHONE|IP_ADDRESS)>')
 
 def replaced_whole(case, out) -> bool:
@@ -577,7 +577,7 @@ def family_recall(cases, found) -> 'pd.DataFrame':
     df = pd.DataFrame(dict(family=[c['family'] for c in cases], found=found))
     return df.groupby('family', sort=False).found.agg(cases='size', found='sum').assign(recall=lambda t: t.found / t.cases)
 
-# %% ../../nbs/55_redact.ipynb #4274a15d
+# %% ../../nbs/55_redact.ipynb #3d936d65
 def _overlaps(found, planted) -> bool:
     return len(found) >= min(8, len(planted)) and (found in planted or planted in found)
 

@@ -11,10 +11,10 @@ from .scrub import SECRET_PLUGINS, JWT_RE, PEM_RE, plain_value, replace_all, scr
 
 # %% auto #0
 __all__ = ['Rule', 'CLOUD', 'CODE_HOST', 'CHAT', 'PAYMENT', 'REGISTRY', 'SAAS', 'AUTH_HEADER', 'CONNECTION', 'JWT', 'PRIVATE_KEY',
-           'PHONE_INTL_RE', 'PHONE_NAMED_RE', 'PHONE', 'FAMILY_RULES', 'PHONE_RULES', 'FAMILIES', 'SUITE_KINDS',
-           'PLACEHOLDER_RE', 'rule', 'vendor', 'pem_inside', 'basic_pair', 'tokenish', 'phone_shaped', 'placeholder',
-           'apply_rules', 'Redact', 'fake_secrets', 'secret_values', 'secret_cases', 'whole_replaced', 'suite_table',
-           'family_cases', 'replaced_whole', 'family_recall', 'detect_secrets_found', 'finds']
+           'PHONE_INTL_RE', 'PHONE_NAMED_RE', 'PHONE', 'FAMILY_RULES', 'PHONE_RULES', 'FAMILIES', 'STEP_PLUGINS',
+           'SUITE_KINDS', 'PLACEHOLDER_RE', 'rule', 'vendor', 'pem_inside', 'basic_pair', 'tokenish', 'phone_shaped',
+           'placeholder', 'apply_rules', 'Redact', 'fake_secrets', 'secret_values', 'secret_cases', 'whole_replaced',
+           'suite_table', 'family_cases', 'replaced_whole', 'family_recall', 'detect_secrets_found', 'finds']
 
 # %% ../../nbs/55_redact.ipynb #9f6dac21
 Rule = namedtuple('Rule', 'family kind pattern group check hints fold')
@@ -226,7 +226,7 @@ PHONE = [rule('phone', 'PHONE', PHONE_INTL_RE, '+', 1, phone_shaped),
               ('phone', 'tel:', 'tel.', 'tel ', 'mobile', 'mob', 'cell', 'fax', 'whatsapp', 'sms'),
               1, phone_shaped, fold=True)]
 
-# %% ../../nbs/55_redact.ipynb #c53a63b7
+# %% ../../nbs/55_redact.ipynb #9668e7a8
 # private keys first (their bodies hold any shape), the generic shapes (headers, URLs) after the fixed-prefix tokens
 FAMILY_RULES = tuple(PRIVATE_KEY + CLOUD + CODE_HOST + CHAT + PAYMENT + REGISTRY + SAAS + AUTH_HEADER + CONNECTION
                      + JWT)
@@ -247,10 +247,13 @@ def apply_rules(text, rules, counts) -> str:
         if n: counts[r.kind] += n; low = None
     return text
 
+# detect-secrets' basic-auth pattern would find a URL's placeholder again; URL_PASSWORD finds those passwords
+STEP_PLUGINS = tuple(p for p in SECRET_PLUGINS if p != 'BasicAuthDetector')
+
 class Redact(Step):
     "Replace credentials of every family, private keys, emails, public IPs and phone numbers by typed placeholders."
     name = 'redact'
-    def __init__(self, emails=True, ips=True, secrets=True, phones=True, plugins=SECRET_PLUGINS, rules=FAMILY_RULES):
+    def __init__(self, emails=True, ips=True, secrets=True, phones=True, plugins=STEP_PLUGINS, rules=FAMILY_RULES):
         self.emails, self.ips, self.secrets, self.phones, self.plugins = emails, ips, secrets, phones, tuple(plugins)
         self.rules = tuple(rules)
     def setup(self, ctx): self.ctx = ctx

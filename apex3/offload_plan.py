@@ -309,6 +309,8 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
     layers = None if layers is None else _whole('--layers', layers, 1, base.n_layers)
     act_offload = None if act_offload is None else _whole('--act-offload', act_offload, 0)
     offload_gpu_gib = None if offload_gpu_gib is None else at_least('--offload-gpu-gib', offload_gpu_gib, 0)
+    if offload_gpu_gib is not None and offload_gpu_gib > g.mem_gib:
+        raise UsageError(f'--offload-gpu-gib {offload_gpu_gib:g} is more than the {g.mem_gib:g} GiB of one {g.name}')
     act_budget = None if act_budget is None else _fraction('--act-budget', act_budget)
     offload_accum = None if offload_accum is None else one_of('--offload-accum', offload_accum, ('gpu', 'cpu'))
     recompute = None if recompute is None else one_of('--recompute', recompute, RECOMPUTES)
@@ -400,6 +402,7 @@ def _or(v, default): return default if v is None else v
 def plan_main(argv=()):
     "`apex3 plan`: print a plan (one-GPU offload with --host-gib, else the cluster's)."
     a = _plan_parser().parse_args(argv)
+    if a.diloco_workers is not None: at_least('--diloco-workers', a.diloco_workers, 2, whole=True)
     if not a.diloco_workers: _refuse(a, ('diloco_every', 'diloco_compress', 'host_link'), 'of DiLoCo: add --diloco-workers N')
     if a.host_gib is not None: return _one_gpu_main(a)
     _refuse(a, ONE_GPU_FLAGS, 'of the one-GPU plan: add --config NAME --host-gib N')

@@ -515,7 +515,7 @@ def plan(params=None, active=None, tokens=None, gpu='H100', gpus=None, days=90, 
     serving = inference(params, precision, g, context=seq, active=active, layers=L, width=d, kv_width=kv_width)
     p = Plan(params, active, tokens, g, precision, optimizer, seq, L, d, mfu, batch_tokens,
              days, best, cands, serving, gpus, run)
-    if diloco_workers:
+    if diloco_workers is not None:
         step_s = p.days * 86400 / p.steps
         p.diloco = diloco_plan(params, step_s, diloco_workers, diloco_every, link_gbs, diloco_compress)
     return p

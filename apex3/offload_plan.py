@@ -291,7 +291,8 @@ def _fraction(flag, v, above_0=False) -> float:
 
 def _finite(p):
     "The plan, unless a figure the flags drove out of range (a huge --accum) is no longer a number."
-    if not math.isfinite(p.step_s): raise UsageError(f'a step of {p.accum:,} micro-batches takes longer than a float holds')
+    if not math.isfinite(p.step_s):
+        raise UsageError(f'a step of {p.accum:,} micro-batches takes longer than a float holds')
     return p
 
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=None,
@@ -305,7 +306,8 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
     holds its round's state beside the run)."""
     from apex3.config import get_config, param_counts
     g, base = find_gpu(gpu), get_config(config)
-    host_gib, micro_bs, accum = positive('--host-gib', host_gib), _whole('--micro-bs', micro_bs), _whole('--accum', accum)
+    host_gib = positive('--host-gib', host_gib)
+    micro_bs, accum = _whole('--micro-bs', micro_bs), _whole('--accum', accum)
     layers = None if layers is None else _whole('--layers', layers, 1, base.n_layers)
     act_offload = None if act_offload is None else _whole('--act-offload', act_offload, 0)
     offload_gpu_gib = None if offload_gpu_gib is None else at_least('--offload-gpu-gib', offload_gpu_gib, 0)
@@ -381,8 +383,10 @@ def _one_gpu_args(one, p):
                               '(--link-gbs is then the link between workers)')
     dl.add_argument('--diloco-workers', type=int, help='DiLoCo workers, each one of this plan')
     dl.add_argument('--diloco-every', type=int, help='inner steps between rounds (default: 500)')
-    dl.add_argument('--diloco-compress', choices=list(DILOCO_BYTES), help='pseudo-gradients on the link (default: fp32)')
-    dl.add_argument('--host-link', help='with --diloco-workers and --host-gib: the host link of each worker (default: pcie5)')
+    dl.add_argument('--diloco-compress', choices=list(DILOCO_BYTES),
+                    help='pseudo-gradients on the link (default: fp32)')
+    dl.add_argument('--host-link',
+                    help='with --diloco-workers and --host-gib: the host link of each worker (default: pcie5)')
     one.add_argument('--host-accum-rate', type=float,
                      help="the host's fp32 += bf16 additions, billions of elements a second "
                           f"(default: {HOST_ACCUM_PER_S / 1e9:g}, the H200 machine)")
@@ -403,12 +407,13 @@ def plan_main(argv=()):
     "`apex3 plan`: print a plan (one-GPU offload with --host-gib, else the cluster's)."
     a = _plan_parser().parse_args(argv)
     if a.diloco_workers is not None: at_least('--diloco-workers', a.diloco_workers, 2, whole=True)
-    if not a.diloco_workers: _refuse(a, ('diloco_every', 'diloco_compress', 'host_link'), 'of DiLoCo: add --diloco-workers N')
+    if not a.diloco_workers:
+        _refuse(a, ('diloco_every', 'diloco_compress', 'host_link'), 'of DiLoCo: add --diloco-workers N')
     if a.host_gib is not None: return _one_gpu_main(a)
     _refuse(a, ONE_GPU_FLAGS, 'of the one-GPU plan: add --config NAME --host-gib N')
     if a.link_gbs is not None and not a.diloco_workers:
-        raise UsageError('--link-gbs is the host link of the one-GPU plan (--host-gib) or the link between DiLoCo workers '
-                         '(--diloco-workers)')
+        raise UsageError('--link-gbs is the host link of the one-GPU plan (--host-gib) or the link between DiLoCo '
+                         'workers (--diloco-workers)')
     p = plan(a.params, a.active, a.tokens, a.gpu, a.gpus, a.days, _or(a.precision, 'bf16'), _or(a.optimizer, 'adamw'),
              a.seq, a.layers, a.width, _or(a.mfu, 0.4), _or(a.batch_tokens, 2**22), a.config, a.diloco_workers,
              _or(a.diloco_every, 500), link_speed(_or(a.link_gbs, 0.125)), _or(a.diloco_compress, 'fp32'))
@@ -422,7 +427,8 @@ def _one_gpu_main(a):
     _refuse(a, CLUSTER_FLAGS, 'of the cluster plan; the one-GPU plan (--host-gib) takes counts, width and sequence '
             "from --config and its compute rate from the published line's measurements")
     host_link = _or(a.host_link, 'pcie5') if a.diloco_workers else _or(a.link_gbs, 'pcie5')
-    op = offload_plan(a.config, a.gpu, a.host_gib, link_speed(host_link, '--host-link' if a.diloco_workers else '--link-gbs'),
+    link = link_speed(host_link, '--host-link' if a.diloco_workers else '--link-gbs')
+    op = offload_plan(a.config, a.gpu, a.host_gib, link,
                       _or(a.micro_bs, 6), _or(a.accum, 8), layers=a.layers, offload_accum=a.offload_accum,
                       act_offload=a.act_offload, offload_gpu_gib=a.offload_gpu_gib,
                       host_accum_per_s=_or(a.host_accum_rate, HOST_ACCUM_PER_S / 1e9) * 1e9,

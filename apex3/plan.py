@@ -340,7 +340,8 @@ def _check_inputs(params, active, tokens, mfu, precision, optimizer, seq, batch_
     if active > params:
         raise UsageError(f'active parameters ({fmt_count(active)}) exceed total parameters ({fmt_count(params)})')
     if mfu > 1: raise UsageError(f'--mfu is a fraction of the peak, at most 1, not {mfu:g}')
-    one_of('precision', precision, BYTES); one_of('optimizer', optimizer, STATE_BYTES)
+    one_of('precision', precision, BYTES)
+    one_of('optimizer', optimizer, STATE_BYTES)
     if batch_tokens < seq:
         raise UsageError(f'a step of {fmt_count(batch_tokens)} tokens (--batch-tokens) holds no whole sequence of '
                          f'{seq:,} (--seq)')
@@ -354,7 +355,8 @@ def _check_shape(active, layers, width, heads):
         raise UsageError(f'--width {width} is narrower than one 128-wide attention head')
     implied = 12.0 * layers * width * width
     if not 1 / SHAPE_TOLERANCE <= implied / active <= SHAPE_TOLERANCE:
-        raise UsageError(f'{layers:,} layer{"s" if layers > 1 else ""} of width {width:,} hold{"" if layers > 1 else "s"} about {fmt_count(implied)} parameters (12·L·d²), '
+        shape = f'{layers:,} layers of width {width:,} hold' if layers > 1 else f'1 layer of width {width:,} holds'
+        raise UsageError(f'{shape} about {fmt_count(implied)} parameters (12·L·d²), '
                          f'not the {fmt_count(active)} active ones planned: give --layers and --width near that count, '
                          'or neither')
 
@@ -527,7 +529,8 @@ def _no_fit_message(run, cands, gpus):
     least = min(cands, key=lambda c: c.act_gib)
     free = run.budget - least.act_gib
     if free <= 0:
-        return (f'no layout fits one GPU of {run.mem_gib:g} GiB: even TP {least.tp} with {least.recompute} recompute keeps '
+        return (f'no layout fits one GPU of {run.mem_gib:g} GiB: even TP {least.tp} with {least.recompute} recompute '
+                f'keeps '
                 f'{least.act_gib:,.3g} GiB of activations, over the {run.budget:.1f} GiB budget')
     need = math.ceil(run.total * run.state_bytes / _GiB / free)
     return (f'{min(gpus or run.cap, run.cap):,} GPUs cannot hold the model: its states need at least '
@@ -587,7 +590,8 @@ class DiLoCoPlan:
 def diloco_plan(params, step_s, workers=2, every=500, link_gbs=0.125, compress='fp32') -> DiLoCoPlan:
     "What a DiLoCo round costs `workers` workers of `params` parameters at `step_s` a step on a `link_gbs` GB/s link."
     if workers is None: raise UsageError('--diloco-workers: DiLoCo needs at least 2 workers')
-    workers, every = at_least('--diloco-workers', workers, 2, whole=True), at_least('--diloco-every', every, 1, whole=True)
+    workers = at_least('--diloco-workers', workers, 2, whole=True)
+    every = at_least('--diloco-every', every, 1, whole=True)
     link_gbs, compress = positive('--link-gbs', link_gbs), one_of('--diloco-compress', compress, DILOCO_BYTES)
     gb = (workers - 1) * params * DILOCO_BYTES[compress] / 1e9
     comm, compute = gb / link_gbs, every * step_s
@@ -613,6 +617,7 @@ def diloco_host_bytes(workers=2, compress='fp32') -> float:
 def gpus_main(argv=()):
     "`apex3 gpus`: the GPU table."
     import pandas as pd
-    ArgParser(prog='apex3 gpus', description='The GPUs the planner knows: memory in GiB, rates decimal.').parse_args(argv)
+    what = 'The GPUs the planner knows: memory in GiB, rates decimal.'
+    ArgParser(prog='apex3 gpus', description=what).parse_args(argv)
     with pd.option_context('display.width', 200, 'display.max_colwidth', 90): print(gpu_table().to_string())
     return 0

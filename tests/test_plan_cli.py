@@ -1,5 +1,5 @@
-"""`apex3 plan` and `apex3 gpus` from the outside: bad input is one line and exit 2 (hypothesis, every flag), valid input
-a plan whose arithmetic holds, the command's cold start free of pandas and matplotlib, memory in GiB."""
+"""`apex3 plan` and `apex3 gpus` from the outside: bad input is one line and exit 2 (hypothesis, every flag), valid
+input a plan whose arithmetic holds, the command's cold start free of pandas and matplotlib, memory in GiB."""
 import json, math, subprocess, sys
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
@@ -82,8 +82,8 @@ def test_bad_parameter_count_is_one_line_and_exit_2(value):
 
 # any text at all, on any flag: a plan with finite figures, or one line and exit 2; never a traceback
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from(sorted(FLAGS)), st.text(max_size=12) | st.from_regex(r'-?[0-9]{1,3}(\.[0-9])?(e-?[0-9]{1,3})?[KMBT]?',
-                                                                            fullmatch=True))
+@given(st.sampled_from(sorted(FLAGS)),
+       st.text(max_size=12) | st.from_regex(r'-?[0-9]{1,3}(\.[0-9])?(e-?[0-9]{1,3})?[KMBT]?', fullmatch=True))
 def test_any_text_plans_or_says_one_line(flag, value):
     base, _ = FLAGS[flag]
     rc, out, err = apex3('plan', *base, f'{flag}={value}')

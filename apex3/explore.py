@@ -11,7 +11,7 @@ import html, time
 import matplotlib, matplotlib.ticker
 import matplotlib.pyplot as plt
 import numpy as np
-from .plan import plan, choose, search_gpus, GPUS, BYTES, STATE_BYTES
+from .plan import plan, choose, search_gpus, GPUS, BYTES, STATE_BYTES, MEM_FRACTION
 from .usage import UsageError
 
 # %% ../nbs/02_explore.ipynb #1bd9ca50
@@ -29,8 +29,8 @@ def memory_figure(p, ax=None):
     ax.bar(x, ac, bottom=st, color=_COLORS['activations'], label='activations (+5%)')
     chosen = cands.index(p.layout) if p.layout in cands else None
     if chosen is not None: ax.bar([chosen], [st[chosen] + ac[chosen]], fill=False, edgecolor='k', lw=2, label='chosen')
-    budget = 0.9 * p.gpu.mem_gb
-    ax.axhline(budget, color='crimson', ls='--', lw=1, label=f'90% of {p.gpu.mem_gb:g} GB')
+    budget = MEM_FRACTION * p.gpu.mem_gib
+    ax.axhline(budget, color='crimson', ls='--', lw=1, label=f'{MEM_FRACTION:.0%} of {p.gpu.mem_gib:g} GiB')
     ticks = [f"TP{c.tp}\n{_SHORT[c.recompute]}\n{f'{c.gpus:,}' if c.gpus else '—'}" for c in cands]
     ax.set_xticks(x, ticks, fontsize=7)
     ax.set(ylim=(0, budget * 1.6), ylabel='GiB per GPU')
@@ -164,7 +164,7 @@ class LivePlots:
         self.st = ax.bar(x, [0] * len(x), color=_COLORS['states'], label='model states')
         self.ac = ax.bar(x, [0] * len(x), color=_COLORS['activations'], label='activations (+5%)')
         self.pick = ax.bar([0], [0], fill=False, edgecolor='k', lw=2, label='chosen')[0]
-        self.budget = ax.axhline(1, color='crimson', ls='--', lw=1, label='90% of memory')
+        self.budget = ax.axhline(1, color='crimson', ls='--', lw=1, label=f'{MEM_FRACTION:.0%} of its memory (GiB)')
         ax.set_xticks(list(x), [''] * len(x), fontsize=7)
         ax.set_ylabel('GiB per GPU')
         ax.legend(fontsize=7, loc='upper right')
@@ -178,7 +178,7 @@ class LivePlots:
             self.st[i].set_height(s)
             self.ac[i].set(y=s, height=c.act_gib)
             if c is p.layout: self.pick.set(x=self.st[i].get_x(), width=self.st[i].get_width(), height=s + c.act_gib)
-        budget = 0.9 * p.gpu.mem_gb
+        budget = MEM_FRACTION * p.gpu.mem_gib
         self.budget.set_ydata([budget, budget])
         self.mem.set_ylim(0, budget * 1.6)
         self.mem.set_xticklabels([f'TP{c.tp}\n{_SHORT[c.recompute]}' for c in cands])

@@ -8,8 +8,8 @@ __all__ = ['GATHER_TOKENS', 'grouped_experts', 'RECORDS_FILE', 'LAUNCHES', 'STEP
            'row_linears', 'Int8Linear', 'Int8Experts', 'quantize_int8', 'moe_infer', 'copied_experts',
            'bench_eager_experts', 'bench_moe_decode', 'attn_infer', 'cached_hidden', 'next_doc', 'Sampling',
            'filter_logits', 'sample_next', 'Stopper', 'head_logits', 'decode_step', 'compiled_step', 'record_graph',
-           'Generator', 'doc_start', 'Session', 'decode_bytes', 'build_model', 'hf_twin', 'recompute_decode',
-           'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
+           'Generator', 'doc_start', 'Session', 'hbm_bytes_per_s', 'decode_bytes', 'build_model', 'hf_twin',
+           'recompute_decode', 'bench_generate', 'decode_table', 'plot_decode', 'copy_bandwidth', 'profile_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
 import copy, functools, logging, math, time
@@ -497,7 +497,18 @@ class Session:
             yield t
 
 # %% ../nbs/11_generate.ipynb #08ac031e
-HBM_BYTES_PER_S = 4.8e12          # H200 HBM3e, NVIDIA's datasheet
+HBM_BYTES_PER_S = 4.8e12          # H200 HBM3e, NVIDIA's datasheet: the bound of a device the planner's table lacks
+
+def hbm_bytes_per_s(name=None) -> float:
+    """HBM bytes a second of the named (default: current) CUDA device, from the planner's GPU table; for a device it
+    does not know, `HBM_BYTES_PER_S`, with a one-line warning."""
+    from apex3.records import device_gpu
+    g = device_gpu(name)
+    if g is None:
+        _log.warning(f"HBM bound: {name or 'this device'} is not in the planner's GPU table (`apex3 gpus`); "
+                     f"taking the H200's {HBM_BYTES_PER_S / 1e12:g} TB/s")
+        return HBM_BYTES_PER_S
+    return g.hbm_tbs * 1e12
 
 def decode_bytes(cfg, batch, context, dtype=torch.bfloat16, weight_dtype=None) -> float:
     "Bytes a decode step reads: matmul weights (`weight_dtype`, default `dtype`), chosen experts, KV cache (`dtype`)."
@@ -592,11 +603,12 @@ def _record(name, cfg, B, method, dtype, device, prompt_len, max_new, seconds, *
     "One `kind='decode'` record; `weights` is what the step reads its matmul weights as."
     weights = 'int8' if method == 'int8' else str(dtype).split('.')[-1]
     wdt = torch.int8 if method == 'int8' else dtype
-    bound = HBM_BYTES_PER_S / decode_bytes(cfg, B, prompt_len + max_new // 2, dtype, wdt) * B
+    hbm = hbm_bytes_per_s() if 'cuda' in str(device) else None   # the device that ran
+    bound = hbm / decode_bytes(cfg, B, prompt_len + max_new // 2, dtype, wdt) * B if hbm else None
     return dict(kind='decode', config=name, batch=B, method=method, dtype=str(dtype).split('.')[-1], weights=weights,
                 on=torch.device(device).type, threads=torch.get_num_threads(), prompt_len=prompt_len, max_new=max_new,
-                seconds=seconds, tokens_per_s=B * max_new / seconds,
-                hbm_bound_tokens_per_s=bound if 'cuda' in str(device) else None, **extra)
+                seconds=seconds, tokens_per_s=B * max_new / seconds, hbm_bytes_per_s=hbm,
+                hbm_bound_tokens_per_s=bound, **extra)
 
 def bench_generate(configs=('tiny', 'small'), batches=(1, 8), runs=CPU_RUNS, device='cpu', prompt_len=32, max_new=32,
                    repeats=5, records=RECORDS_FILE) -> list:

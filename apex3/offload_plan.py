@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['LINKS', 'GEMM_SAVED', 'ACT_BYTES_PER_TOKEN_D', 'RECOMPUTES', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB',
            'HOST_SLAB_WASTE', 'KERNEL_EFF', 'FORWARD_SHARE', 'HOST_ACCUM_PER_S', 'BOTH_WAYS_SHARE',
-           'BACKWARD_WORKSPACE_GIB', 'MOMENTUM_BYTES', 'link_speed', 'OffloadPricing', 'recompute_flops',
-           'offload_host_gib', 'micro_time', 'OffloadPlan', 'offload_plan', 'plan_main']
+           'BACKWARD_WORKSPACE_GIB', 'MOMENTUM_BYTES', 'CLUSTER_FLAGS', 'ONE_GPU_FLAGS', 'link_speed', 'OffloadPricing',
+           'recompute_flops', 'offload_host_gib', 'micro_time', 'OffloadPlan', 'offload_plan', 'plan_main']
 
 # %% ../nbs/21_offload_plan.ipynb #e38926da
 import dataclasses, itertools, json, math
@@ -16,7 +16,7 @@ from .usage import ArgParser, UsageError
 from .offload_constants import (CHUNK_BYTES, PRELOAD_GIB, PRELOAD_GIB_BY_MASTERS, GPU_HEADROOM_GIB,
                                      ACT_PREFETCH_GIB, MASTER_BYTES)
 from .plan import (MEM_FRACTION, BYTES, STATE_BYTES, DILOCO_BYTES, find_gpu, plan, diloco_plan, config_params,
-                        diloco_host_bytes)
+                        diloco_host_bytes, parse_number, read_figure, positive, at_least, one_of)
 
 _GiB = 2**30
 
@@ -24,11 +24,13 @@ _GiB = 2**30
 # GB/s each way, measured: PCIe 5 on the H200 host (records/link.jsonl), NVLink-C2C on a GH200 (346 of its 450 by spec)
 LINKS = {'pcie5': 54, 'pcie4': 25, 'gh200-c2c': 346}
 
-def link_speed(link) -> float:
-    "GB/s each way of a host link given by name (pcie5, pcie4, gh200-c2c) or number."
+def link_speed(link, flag='--link-gbs') -> float:
+    "GB/s each way of a host link given by name (pcie5, pcie4, gh200-c2c) or number: finite and above 0."
     if str(link).lower() in LINKS: return LINKS[str(link).lower()]
-    try: return float(link)
-    except ValueError: raise UsageError(f"unknown host link {link!r}: give GB/s or one of {', '.join(LINKS)}") from None
+    try: parse_number(link)
+    except UsageError:
+        raise UsageError(f"unknown {flag} {link!r}: give GB/s or one of {', '.join(LINKS)}") from None
+    return positive(flag, link)
 
 # %% ../nbs/21_offload_plan.ipynb #e820857a
 # Saved per layer, measured (C, FP8 tensorwise: GEMM inputs in records/bench.jsonl, all of it in a C7 record without
@@ -55,7 +57,7 @@ BACKWARD_WORKSPACE_GIB = 5
 @dataclass(frozen=True)
 class OffloadPricing:
     "The GPU and the flags one offload plan is priced with (see `_offload_budgets` and `_offload_times`)."
-    gpu: object                    # a `GPU`, or anything with `mem_gb` (and `peak`, for the times)
+    gpu: object                    # a `GPU`, or anything with `mem_gib` (and `peak`, for the times)
     micro_bs: int = 6              # sequences per micro-batch
     accum_on: str = 'gpu'          # where gradients accumulate: 'gpu' or 'cpu'
     act_budget: float = 0.15       # share of GPU memory the GEMM inputs not sent by count may keep
@@ -112,7 +114,7 @@ def _activations_offloaded(c, s):
     gemm_layer = per_token_d * sbd
     by_count = min(s.act_offload, tensors * L) / tensors * gemm_layer
     rest = L * gemm_layer - by_count                                # the other GEMM inputs: kept up to the budget
-    return by_count + max(0, rest - s.act_budget * s.gpu.mem_gb * _GiB)
+    return by_count + max(0, rest - s.act_budget * s.gpu.mem_gib * _GiB)
 
 # %% ../nbs/21_offload_plan.ipynb #878978fe
 def _offload_budgets(c, counts, s: OffloadPricing):
@@ -146,7 +148,7 @@ def offload_host_gib(cfg, gpu_mem_gib, micro_bs, act_budget, accum_on, act_offlo
                      overhead_gib=HOST_OVERHEAD_GIB, masters='split', momentum='master') -> float:
     "Host GiB a one-GPU offload run of `cfg` needs by this model (the benchmark and trainer check it before pinning)."
     from apex3.config import param_counts
-    s = OffloadPricing(SimpleNamespace(mem_gb=gpu_mem_gib), micro_bs, accum_on, act_budget, act_offload, resident_gib,
+    s = OffloadPricing(SimpleNamespace(mem_gib=gpu_mem_gib), micro_bs, accum_on, act_budget, act_offload, resident_gib,
                         overhead_gib, masters=masters, momentum=momentum)
     return _offload_budgets(cfg, param_counts(cfg), s)[1] / _GiB
 
@@ -222,7 +224,7 @@ class OffloadPlan:
     def flags(self):
         "The trainer and benchmark flags this plan recommends."
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
-        keep = f' --offload-gpu-gib {self.resident_gib:g}' if self.resident_gib else ''
+        keep = f' --offload-gpu-gib {self.resident_gib:g}'   # always: what the GPU keeps is the plan's to say, 0 too
         keep += '' if self.masters == 'split' else f' --offload-masters {self.masters}'
         keep += '' if self.momentum == 'master' else f' --muon-momentum {self.momentum}'
         return (f'--config {self.config}{depth} --offload --offload-accum {self.accum_on}{keep} '
@@ -251,12 +253,12 @@ class OffloadPlan:
 def _priced(base, c, counts, s: OffloadPricing, accum, host_gib, offload_gpu_gib=None) -> OffloadPlan:
     "The plan of `c` (a depth of `base`) priced with `s`, the state kept on the GPU unless told; `accum` micro-batches."
     g = s.gpu
-    gpu_budget, host_budget = MEM_FRACTION * g.mem_gb, MEM_FRACTION * host_gib
+    gpu_budget, host_budget = MEM_FRACTION * g.mem_gib, MEM_FRACTION * host_gib
     keep = offload_gpu_gib
     if keep is None: keep = max(0, math.floor((gpu_budget - _offload_budgets(c, counts, s)[0] / _GiB) / 1.05))
     s = dataclasses.replace(s, resident_gib=keep)
     gpu_b, host_b, off, kept = _offload_budgets(c, counts, s)
-    room = gpu_b / _GiB + s.preload_gib + GPU_HEADROOM_GIB <= g.mem_gb   # for `preload`'s ring beside the run's peak
+    room = gpu_b / _GiB + s.preload_gib + GPU_HEADROOM_GIB <= g.mem_gib   # for `preload`'s ring beside the run's peak
     flops, compute, (act, grads), host, opt, behind = _offload_times(c, counts, s, off, kept, preload=room)
     micro, bound = micro_time(compute, act, grads, host)
     step = accum * micro + opt
@@ -274,6 +276,25 @@ def _flag_sets(act_offload, act_budget):
     if act_offload is not None: return [(act_offload, b) for b in budgets]
     return [(0, b) for b in budgets] + [(PUBLISHED_ACT_OFFLOAD, act_budget or 0.15)]
 
+def _whole(flag, v, lo=1, hi=None) -> int:
+    "A whole number from `lo` to `hi`: micro-batches, layers, workers."
+    x = at_least(flag, v, lo, whole=True)
+    if hi is not None and x > hi: raise UsageError(f'{flag} is at most {hi:,} here, not {x:,}')
+    return x
+
+def _fraction(flag, v, above_0=False) -> float:
+    "A share of something: from 0 (or above it) to 1."
+    x = read_figure(flag, v)
+    if not (0 < x if above_0 else 0 <= x) or x > 1:
+        raise UsageError(f"{flag} is a fraction, {'above 0' if above_0 else 'from 0'} to 1, not {x:g}")
+    return x
+
+def _finite(p):
+    "The plan, unless a figure the flags drove out of range (a huge --accum) is no longer a number."
+    if not math.isfinite(p.step_s):
+        raise UsageError(f'a step of {p.accum:,} micro-batches takes longer than a float holds')
+    return p
+
 def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, accum=8, act_budget=None,
                  kernel_eff=KERNEL_EFF, layers=None, offload_accum=None, act_offload=None, offload_gpu_gib=None,
                  host_accum_per_s=HOST_ACCUM_PER_S, reserve_gib=0.0, offload_masters='split',
@@ -284,18 +305,24 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
     `diloco_workers`, `diloco_compress`: as the flags (unless told, the faster of `RECOMPUTES`; a DiLoCo worker's host
     holds its round's state beside the run)."""
     from apex3.config import get_config, param_counts
-    if act_offload is not None and act_offload < 0:
-        raise UsageError(f'--act-offload counts tensors: at least 0, not {act_offload}')
-    if offload_gpu_gib is not None and offload_gpu_gib < 0:
-        raise UsageError(f'--offload-gpu-gib is at least 0, not {offload_gpu_gib:g}')
-    if recompute is not None and recompute not in RECOMPUTES:
-        raise UsageError(f"the one-GPU plan prices --recompute {' or '.join(RECOMPUTES)}, not {recompute!r}")
-    if muon_momentum not in MOMENTUM_BYTES:
-        raise UsageError(f"--muon-momentum is {' or '.join(MOMENTUM_BYTES)}, not {muon_momentum!r}")
     g, base = find_gpu(gpu), get_config(config)
-    rates = dict(link_gbs=link_speed(link_gbs), kernel_eff=kernel_eff, host_accum_per_s=host_accum_per_s,
-                 reserve_gib=reserve_gib, masters=offload_masters, momentum=muon_momentum,
-                 diloco_workers=diloco_workers or 0, diloco_compress=diloco_compress)
+    host_gib = positive('--host-gib', host_gib)
+    micro_bs, accum = _whole('--micro-bs', micro_bs), _whole('--accum', accum)
+    layers = None if layers is None else _whole('--layers', layers, 1, base.n_layers)
+    act_offload = None if act_offload is None else _whole('--act-offload', act_offload, 0)
+    offload_gpu_gib = None if offload_gpu_gib is None else at_least('--offload-gpu-gib', offload_gpu_gib, 0)
+    if offload_gpu_gib is not None and offload_gpu_gib > g.mem_gib:
+        raise UsageError(f'--offload-gpu-gib {offload_gpu_gib:g} is more than the {g.mem_gib:g} GiB of one {g.name}')
+    act_budget = None if act_budget is None else _fraction('--act-budget', act_budget)
+    offload_accum = None if offload_accum is None else one_of('--offload-accum', offload_accum, ('gpu', 'cpu'))
+    recompute = None if recompute is None else one_of('--recompute', recompute, RECOMPUTES)
+    diloco_workers = _whole('--diloco-workers', diloco_workers, 2) if diloco_workers else 0
+    rates = dict(link_gbs=link_speed(link_gbs), kernel_eff=_fraction('kernel_eff', kernel_eff, above_0=True),
+                 host_accum_per_s=positive('--host-accum-rate', host_accum_per_s),
+                 reserve_gib=at_least('reserve_gib', reserve_gib, 0),
+                 masters=one_of('--offload-masters', offload_masters, MASTER_BYTES),
+                 momentum=one_of('--muon-momentum', muon_momentum, MOMENTUM_BYTES), diloco_workers=diloco_workers,
+                 diloco_compress=one_of('--diloco-compress', diloco_compress, DILOCO_BYTES))
     fits = lambda p: p.gpu_gib <= p.gpu_budget_gib and p.host_gib <= p.host_budget_gib
     for L in ([layers] if layers else range(base.n_layers, 0, -1)):
         c = dataclasses.replace(base, n_layers=L)
@@ -307,7 +334,7 @@ def offload_plan(config='C', gpu='H200', host_gib=128, link_gbs=54, micro_bs=6, 
                              host_gib, offload_gpu_gib) for act_n, b in _flag_sets(act_offload, act_budget)]
             plans.append(next(filter(fits, tries), tries[-1]))
         if good := [p for p in plans if fits(p)] or (plans if layers else []):
-            return max(good, key=lambda p: p.mfu_at_batch)
+            return _finite(max(good, key=lambda p: p.mfu_at_batch))
     raise UsageError(f'config {base.name} does not fit one {g.name} with {host_gib:g} GiB of host memory even with '
                      '1 layer')
 
@@ -323,12 +350,12 @@ def _plan_parser():
     when.add_argument('--gpus', type=int, help='GPUs available: plan the fastest layout on at most this many')
     when.add_argument('--days', type=float, help='target days (default: 90): plan the fewest GPUs that meet it')
     p.add_argument('--precision', choices=list(BYTES), help='training precision (default: bf16)')
-    p.add_argument('--optimizer', default='adamw', choices=list(STATE_BYTES))
+    p.add_argument('--optimizer', choices=list(STATE_BYTES), help='optimizer (default: adamw)')
     p.add_argument('--seq', type=int, help="sequence length (default: 4096, or the config's)")
-    p.add_argument('--batch-tokens', default=str(2**22), help='tokens per step (default: 4.19M)')
+    p.add_argument('--batch-tokens', help='tokens per step (default: 4.19M)')
     p.add_argument('--layers', type=int, help='depth (default: from d = 128·L)')
     p.add_argument('--width', type=int, help='model width (default: 128·L)')
-    p.add_argument('--mfu', type=float, default=0.4, help='fraction of the dense peak reached (default: %(default)s)')
+    p.add_argument('--mfu', type=float, help='fraction of the dense peak reached (default: 0.4)')
     p.add_argument('--json', action='store_true', help='print every figure as JSON')
     _one_gpu_args(p.add_argument_group('one GPU with host offload (with --config)'), p)
     return p
@@ -336,10 +363,10 @@ def _plan_parser():
 def _one_gpu_args(one, p):
     "The one-GPU flags, and the DiLoCo group that the parser lists between them."
     one.add_argument('--host-gib', type=float, help='host memory in GiB: plan one-GPU offload training')
-    one.add_argument('--link-gbs', default='pcie5',
-                     help='host link GB/s each way, or pcie5 (54), pcie4 (25), gh200-c2c (346)')
-    one.add_argument('--micro-bs', type=int, default=6, help='sequences per micro-batch (default: %(default)s)')
-    one.add_argument('--accum', type=int, default=8, help='micro-batches per optimizer step (default: %(default)s)')
+    one.add_argument('--link-gbs', help='host link GB/s each way, or pcie5 (54, the default), pcie4 (25), gh200-c2c '
+                     '(346); with --diloco-workers the link between workers (default: 0.125, 1 Gb/s)')
+    one.add_argument('--micro-bs', type=int, help='sequences per micro-batch (default: 6)')
+    one.add_argument('--accum', type=int, help='micro-batches per optimizer step (default: 8)')
     one.add_argument('--offload-accum', choices=['cpu', 'gpu'],
                      help='where gradients accumulate (default: the GPU when it fits)')
     one.add_argument('--act-offload', type=int, help='GEMM inputs sent to the host per micro-batch (default: 0 when '
@@ -348,50 +375,70 @@ def _one_gpu_args(one, p):
                      help='GiB of optimizer state kept on the GPU (default: what its budget leaves)')
     one.add_argument('--recompute', choices=RECOMPUTES,
                      help="rebuild the routed experts' projection in backward (experts) or not (default: the faster)")
-    one.add_argument('--offload-masters', choices=list(MASTER_BYTES), default='split',
+    one.add_argument('--offload-masters', choices=list(MASTER_BYTES),
                      help="the FP32 masters on the host: each BF16 weight's low half (split, the default) or whole")
-    one.add_argument('--muon-momentum', choices=list(MOMENTUM_BYTES), default='master',
+    one.add_argument('--muon-momentum', choices=list(MOMENTUM_BYTES),
                      help="Muon's momentum in the masters' FP32 (the default) or bf16: 2 bytes fewer each way a step")
     dl = p.add_argument_group('DiLoCo: this plan is one worker of several '
                               '(--link-gbs is then the link between workers)')
     dl.add_argument('--diloco-workers', type=int, help='DiLoCo workers, each one of this plan')
-    dl.add_argument('--diloco-every', type=int, default=500, help='inner steps between rounds (default: %(default)s)')
-    dl.add_argument('--diloco-compress', default='fp32', choices=list(DILOCO_BYTES),
-                    help='pseudo-gradients on the link')
-    dl.add_argument('--host-link', default='pcie5',
-                    help='with --diloco-workers and --host-gib: the host link of each worker')
-    one.add_argument('--host-accum-rate', type=float, default=HOST_ACCUM_PER_S / 1e9,
+    dl.add_argument('--diloco-every', type=int, help='inner steps between rounds (default: 500)')
+    dl.add_argument('--diloco-compress', choices=list(DILOCO_BYTES),
+                    help='pseudo-gradients on the link (default: fp32)')
+    dl.add_argument('--host-link',
+                    help='with --diloco-workers and --host-gib: the host link of each worker (default: pcie5)')
+    one.add_argument('--host-accum-rate', type=float,
                      help="the host's fp32 += bf16 additions, billions of elements a second "
-                          "(default: %(default)s, the H200 machine)")
+                          f"(default: {HOST_ACCUM_PER_S / 1e9:g}, the H200 machine)")
 
 # %% ../nbs/21_offload_plan.ipynb #c32ed2e1
+CLUSTER_FLAGS = ('active', 'tokens', 'gpus', 'days', 'precision', 'optimizer', 'seq', 'batch_tokens', 'width', 'mfu')
+ONE_GPU_FLAGS = ('micro_bs', 'accum', 'offload_accum', 'act_offload', 'offload_gpu_gib', 'recompute',
+                 'offload_masters', 'muon_momentum', 'host_accum_rate')
+
+def _refuse(a, names, why):
+    "A `UsageError` naming every flag of `names` given in `a`: each belongs to the other planner."
+    given = ['--' + n.replace('_', '-') for n in names if getattr(a, n) is not None]
+    if given: raise UsageError(f"{', '.join(given)} {'is a flag' if len(given) == 1 else 'are flags'} {why}")
+
+def _or(v, default): return default if v is None else v
+
 def plan_main(argv=()):
     "`apex3 plan`: print a plan (one-GPU offload with --host-gib, else the cluster's)."
     a = _plan_parser().parse_args(argv)
+    if a.diloco_workers is not None: at_least('--diloco-workers', a.diloco_workers, 2, whole=True)
+    if not a.diloco_workers:
+        _refuse(a, ('diloco_every', 'diloco_compress', 'host_link'), 'of DiLoCo: add --diloco-workers N')
     if a.host_gib is not None: return _one_gpu_main(a)
-    p = plan(a.params, a.active, a.tokens, a.gpu, a.gpus, 90 if a.days is None else a.days, a.precision or 'bf16',
-             a.optimizer, a.seq, a.layers, a.width, a.mfu, a.batch_tokens, a.config, a.diloco_workers, a.diloco_every,
-             link_speed(a.link_gbs) if a.diloco_workers else 0.125, a.diloco_compress)
+    _refuse(a, ONE_GPU_FLAGS, 'of the one-GPU plan: add --config NAME --host-gib N')
+    if a.link_gbs is not None and not a.diloco_workers:
+        raise UsageError('--link-gbs is the host link of the one-GPU plan (--host-gib) or the link between DiLoCo '
+                         'workers (--diloco-workers)')
+    p = plan(a.params, a.active, a.tokens, a.gpu, a.gpus, a.days, _or(a.precision, 'bf16'), _or(a.optimizer, 'adamw'),
+             a.seq, a.layers, a.width, _or(a.mfu, 0.4), _or(a.batch_tokens, 2**22), a.config, a.diloco_workers,
+             _or(a.diloco_every, 500), link_speed(_or(a.link_gbs, 0.125)), _or(a.diloco_compress, 'fp32'))
     print(json.dumps(p.to_dict(), indent=1) if a.json else p)
     return 0
 
 def _one_gpu_main(a):
     "`apex3 plan --config C --host-gib N`: the one-GPU offload plan, and with --diloco-workers its rounds."
     if not a.config: raise UsageError('--host-gib plans one-GPU offload training of a model config: add --config NAME')
-    if a.precision:
-        raise UsageError('--precision is not a choice of the one-GPU plan: its compute rate is measured with the '
-                         'published FP8 line')
-    if a.host_accum_rate <= 0: raise UsageError(f'--host-accum-rate is a rate: above 0, not {a.host_accum_rate:g}')
-    host_link = a.host_link if a.diloco_workers else a.link_gbs
-    op = offload_plan(a.config, a.gpu, a.host_gib, host_link, a.micro_bs, a.accum, layers=a.layers,
-                      offload_accum=a.offload_accum, act_offload=a.act_offload, offload_gpu_gib=a.offload_gpu_gib,
-                      host_accum_per_s=a.host_accum_rate * 1e9, offload_masters=a.offload_masters,
-                      recompute=a.recompute, muon_momentum=a.muon_momentum, diloco_workers=a.diloco_workers,
-                      diloco_compress=a.diloco_compress)
+    if a.params is not None: raise UsageError('give PARAMS or --config, not both: the config sets the parameter counts')
+    _refuse(a, CLUSTER_FLAGS, 'of the cluster plan; the one-GPU plan (--host-gib) takes counts, width and sequence '
+            "from --config and its compute rate from the published line's measurements")
+    host_link = _or(a.host_link, 'pcie5') if a.diloco_workers else _or(a.link_gbs, 'pcie5')
+    link = link_speed(host_link, '--host-link' if a.diloco_workers else '--link-gbs')
+    op = offload_plan(a.config, a.gpu, a.host_gib, link,
+                      _or(a.micro_bs, 6), _or(a.accum, 8), layers=a.layers, offload_accum=a.offload_accum,
+                      act_offload=a.act_offload, offload_gpu_gib=a.offload_gpu_gib,
+                      host_accum_per_s=_or(a.host_accum_rate, HOST_ACCUM_PER_S / 1e9) * 1e9,
+                      offload_masters=_or(a.offload_masters, 'split'), recompute=a.recompute,
+                      muon_momentum=_or(a.muon_momentum, 'master'), diloco_workers=a.diloco_workers,
+                      diloco_compress=_or(a.diloco_compress, 'fp32'))
     dp = None
     if a.diloco_workers:
-        dp = diloco_plan(config_params(a.config, op.layers), op.step_s, a.diloco_workers, a.diloco_every,
-                         link_speed(a.link_gbs), a.diloco_compress)
+        dp = diloco_plan(config_params(a.config, op.layers), op.step_s, a.diloco_workers, _or(a.diloco_every, 500),
+                         link_speed(_or(a.link_gbs, 0.125)), _or(a.diloco_compress, 'fp32'))
     out = dataclasses.asdict(op) | dict(flags=op.flags(), diloco=dataclasses.asdict(dp) if dp else None)
     print(json.dumps(out, indent=1) if a.json else op if dp is None else f'{op}\n  DiLoCo       {dp}')
     return 0

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['SPEED_ENV', 'pkg_version', 'git', 'code_changed', 'provenance', 'project_root', 'records_path', 'append_records',
-           'load_records', 'latest_run', 'time_fn', 'attempt', 'device_peak_tflops']
+           'load_records', 'latest_run', 'time_fn', 'attempt', 'device_gpu', 'device_peak_tflops']
 
 # %% ../nbs/03_records.ipynb #c37ebbf4
 import datetime, json, os, platform, statistics, subprocess, time
@@ -109,11 +109,16 @@ def attempt(fn, strict) -> dict:
         return {'status': f'error: {type(e).__name__}: {str(e)[:300]}'}
 
 # %% ../nbs/03_records.ipynb #dd874c95
+def device_gpu(name=None):
+    """The planner's `GPU` for the named CUDA device, or for the current one (by its name and total memory); None if
+    the planner's table does not know it."""
+    from apex3.plan import gpu_for_device
+    memory_gib = None
+    if name is None and torch.cuda.is_available():
+        name, memory_gib = torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / GiB
+    return gpu_for_device(name or '', memory_gib)
+
 def device_peak_tflops(name=None, precision='bf16'):
     "Dense peak TFLOP/s of the named (default: current) GPU from the planner's table; None if unknown."
-    from apex3.plan import GPUS
-    name = name or (torch.cuda.get_device_name() if torch.cuda.is_available() else '')
-    squash = lambda s: s.replace(' ', '').lower()
-    longest_first = sorted(GPUS.values(), key=lambda g: -len(g.name))   # 'GH200' before 'H200'
-    hits = [g for g in longest_first if squash(g.name) in squash(name)]
-    return hits[0].peak(precision) / 1e12 if hits else None
+    g = device_gpu(name)
+    return g.peak(precision) / 1e12 if g else None

@@ -35,5 +35,5 @@ def test_more_gpus_never_more_days(r, n, extra):
 @given(runs, st.one_of(st.none(), st.integers(1, 50_000)))
 def test_every_layout_fits_its_budget(r, gpus):
     p = _plan(r, gpus=gpus)
-    assert p.layout.mem_gib <= MEM_FRACTION * p.gpu.mem_gb + 1e-9
+    assert p.layout.mem_gib <= MEM_FRACTION * p.gpu.mem_gib + 1e-9
     assert p.gpus <= (gpus or 200_000) and p.layout.dp <= p.batch_tokens // p.seq

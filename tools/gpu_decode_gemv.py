@@ -13,7 +13,7 @@ sys.path.insert(0, 'tools')
 from gpu_decode_profile import time_step
 import apex3.gemv as gemv
 from apex3.config import get_config
-from apex3.generate import CachedAttention, Generator, RowLinear, build_model, decode_bytes, HBM_BYTES_PER_S
+from apex3.generate import CachedAttention, Generator, RowLinear, build_model, decode_bytes, hbm_bytes_per_s
 from apex3.records import append_records
 
 LAUNCH_NAMES = dict(trees='cudagraphs', graph='step_graph', kernels='inductor', eager='eager')   # as records name them
@@ -33,7 +33,7 @@ def variant(model, cfg, B, moe, row, attn=CachedAttention.kernel, launch=Generat
     rec = dict(kind='decode_kernels', config='C', batch=B, on='cuda', dtype='bfloat16', launch=LAUNCH_NAMES[launch],
                moe_kernel=moe, row_kernel=row if moe != 'off' else 'inductor', attn_kernel=attn,
                warmup_s=fig['warmup_s'],
-               step_s=fig['step_s'], bound_step_s=decode_bytes(cfg, B, 64) / HBM_BYTES_PER_S,
+               step_s=fig['step_s'], bound_step_s=decode_bytes(cfg, B, 64) / hbm_bytes_per_s(),
                kernels_per_step=k['kernels_per_step'], device_s_per_step=k['device_s_per_step'],
                top_kernels=str(k['top'][:20]), blocks=str(gemv.BLOCKS), source='tools/gpu_decode_gemv.py')
     print(f"B={B} moe={moe} row={row} attn={attn} launch={launch}: step {rec['step_s'] * 1e3:.3f} ms "

@@ -5,7 +5,7 @@ import json, logging, sys, time
 import torch
 from torch.profiler import ProfilerActivity, profile
 from apex3.config import get_config
-from apex3.generate import Generator, build_model, decode_bytes, HBM_BYTES_PER_S
+from apex3.generate import Generator, build_model, decode_bytes, hbm_bytes_per_s
 
 
 class Hints(logging.Handler):
@@ -55,7 +55,7 @@ def time_step(g, rows):
 
 
 def profile_batch(model, cfg, B, context=64):
-    out = dict(batch=B, bound_step_s=decode_bytes(cfg, B, context) / HBM_BYTES_PER_S)
+    out = dict(batch=B, bound_step_s=decode_bytes(cfg, B, context) / hbm_bytes_per_s())
     variants = (('cudagraphs', True), ('inductor', 'inductor'))[:2 if B == 1 else 1]   # launches matter most at B=1
     for name, compile in variants:
         torch._dynamo.reset()

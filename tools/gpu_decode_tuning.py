@@ -6,7 +6,7 @@ import torch
 sys.path.insert(0, 'tools')
 from gpu_decode_profile import time_step
 from apex3.config import get_config
-from apex3.generate import Generator, build_model, decode_bytes, HBM_BYTES_PER_S
+from apex3.generate import Generator, build_model, decode_bytes, hbm_bytes_per_s
 
 out, batches = sys.argv[1], [int(b) for b in sys.argv[2:]]
 cfg = get_config('C')
@@ -22,7 +22,7 @@ for B in batches:
             g = Generator(model, max_len=128, max_batch=B)
             fig = time_step(g, rows)
         warm, s, k = fig['warmup_s'], fig['step_s'], fig['kernels']
-        bound = decode_bytes(cfg, B, 64) / HBM_BYTES_PER_S
+        bound = decode_bytes(cfg, B, 64) / hbm_bytes_per_s()
         r = dict(batch=B, cdt=cdt, warmup_s=warm, step_s=s, bound_step_s=bound, **k)
         res.append(r)
         print(B, cdt, f"warm {warm:.0f} s step {s * 1e3:.3f} ms bound {bound * 1e3:.3f} ms",

@@ -203,3 +203,33 @@ def test_damaged_shard_stops_before_the_first_step(shards, tmp_path, damage, say
     line = one_error(err)
     assert rc == 2 and str(bad) in line and says in line, err
     assert not list_checkpoints(tmp_path / 'ck') and read_log(tmp_path / 'ck' / 'train.jsonl') == []
+
+# --- a resumed run holds no mapping of its checkpoint --------------------------------------------------------------
+
+@pytest.mark.parametrize('extra', [[], ['--offload']], ids=['optimizer', 'offload'])
+def test_resume_keeps_no_checkpoint_file_mapped(data, tmp_path, extra):
+    """After `restore_state`, /proc/self/maps names no file of the checkpoint it loaded, so pruning it returns its space.
+    The control: a PyTorch optimizer given the mapped tensors (`load_checkpoint`'s default) keeps the file mapped."""
+    import gc, torch
+    from apex3.data.loader import MixtureLoader
+    from apex3.run import micro_step, optimizer_step
+    from apex3.train import Dist, TrainState, build_run, restore_state, save_state, train_parser, trainer_settings
+    maps = Path('/proc/self/maps')
+    if not maps.exists(): pytest.skip('no /proc/self/maps here')
+    a = train_parser().parse_args([*map(str, TINY), *data, '--total-tokens', '640', '--ckpt-dir', str(tmp_path), *extra])
+    def fresh():
+        run = build_run(trainer_settings(a), Dist())
+        run.a, run.diloco = a, None
+        return run, MixtureLoader(a.data, 32, 2)
+    run, loader = fresh()
+    micro_step(run, torch.from_numpy(loader.next_batch()))
+    optimizer_step(run)
+    path = save_state(run, loader, TrainState(step=1, tokens=STEP), Dist()).resolve()
+    resumed, loader2 = fresh()
+    assert restore_state(resumed, loader2, Dist()).tokens == STEP
+    gc.collect()
+    assert str(path) not in maps.read_text()
+    if extra: return
+    resumed.opt.load_state_dict(load_checkpoint(path, 'optimizer')['optimizer'])
+    gc.collect()
+    assert str(path / 'optimizer.pt') in maps.read_text()

@@ -212,7 +212,8 @@ def save_checkpoint(ckpt_dir, tokens, state: dict, keep=2) -> Path:
                          f'{_kept(ckpt_dir)}') from None
     _mark_good(final)   # hashed on its way to the disk: known good
     try: prune_checkpoints(ckpt_dir, keep, protect=final)
-    except OSError as e: _log.warning('could not prune %s: %s (older checkpoints stay)', e.filename or ckpt_dir, fs_cause(e))
+    except OSError as e:   # the new checkpoint is complete: more of them stay than asked for
+        _log.warning('could not prune %s: %s (older checkpoints stay)', e.filename or ckpt_dir, fs_cause(e))
     return final
 
 def _write(ckpt_dir, final, state, keep):
@@ -254,7 +255,8 @@ def _existing(path) -> Path:
     return path
 
 def check_room(ckpt_dir, ckpt_bytes, keep, saves) -> int:
-    "Free bytes on `ckpt_dir`'s file system; `UsageError` if the next checkpoint does not fit, a warning if the peak does not."
+    """Free bytes on `ckpt_dir`'s file system; `UsageError` if the next checkpoint does not fit, a warning if the peak
+    does not."""
     free = shutil.disk_usage(_existing(ckpt_dir)).free
     first, peak = (room_needed(ckpt_dir, ckpt_bytes, keep, saves, f) for f in (True, False))
     mb = lambda b: f'{b / 1e6:,.1f} MB'

@@ -14,7 +14,8 @@ __all__ = ['TRAJECTORY_FLAGS', 'CKPT_OVERHEAD', 'add_train_flags', 'train_parser
            'demo_train', 'train_main', 'train_vs_bench', 'plot_train_records', 'main']
 
 # %% ../nbs/70_train.ipynb #29420527
-import argparse, functools, json, logging, math, os, sys, time
+import argparse, errno, functools, json, logging, math, os, sys, time
+from contextlib import contextmanager
 from dataclasses import dataclass, asdict, field, replace
 from pathlib import Path
 import numpy as np
@@ -488,8 +489,6 @@ def restore_state(run, loader, d):
     return TrainState(**ck['train'])
 
 # %% ../nbs/70_train.ipynb #43505a64
-from contextlib import contextmanager
-
 @contextmanager
 def _fs_errors(what, path):
     "An `OSError` inside becomes a one-line `UsageError` naming `what`, `path` and the cause."
@@ -545,7 +544,7 @@ def checkpoint_bytes(run) -> int:
     return _tensor_bytes(run.model.state_dict()) + optimizer_state_bytes(run.opt) + CKPT_OVERHEAD
 
 def check_checkpoint_room(run, sched, st, d):
-    "`check_room` for the saves left in this run: `UsageError` if the next checkpoint does not fit, else maybe a warning."
+    "`check_room` for the saves left in this run: `UsageError` if the next checkpoint does not fit."
     a = run.a
     if not (a.ckpt_dir and d.main): return
     from apex3.ckpt import check_room, complete_checkpoints
@@ -629,13 +628,16 @@ def _should_stop(a, st, sched, t0, d=None, device='cpu'):
     return late
 
 # %% ../nbs/70_train.ipynb #d268eee6
+_FS_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
+
 def train(a) -> int:
     "Run (or resume) training as the flags say; the exit status."
     d = init_distributed(a)
     try: return _train(a, d)
-    except OSError as e:   # a file-system failure none of the steps named: one line with its file
+    except OSError as e:   # a file-system failure no step named: one line with its file (not a peer's connection)
         from apex3.ckpt import fs_cause
-        raise UsageError(f'{e.filename or "a file"}: {fs_cause(e)}') from None
+        if e.filename is None and e.errno not in _FS_ERRNOS: raise
+        raise UsageError(f'{e.filename or "writing a file"}: {fs_cause(e)}') from None
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
 

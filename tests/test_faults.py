@@ -1,9 +1,9 @@
-"""Fault injection, judged from outside: the trainer meets a full disk, a read-only or unwritable directory, a file where a
-folder should be, and damaged shards. Every run is a subprocess (`tiny` on CPU, a few steps); each test checks its exit
-status, that stderr ends in exactly one error line with no traceback, and that the last good checkpoint still verifies.
-Size-limited and read-only file systems are tmpfs mounts in a private mount namespace (`unshare -m`, as root); where
-the machine does not allow one, those tests skip and say why."""
-import functools, json, os, shlex, shutil, subprocess, sys, tempfile
+"""Fault injection, judged from outside: the trainer meets a full disk, a read-only or unwritable directory, a file
+where a folder should be, and damaged shards. Every run is a subprocess (`tiny` on CPU, a few steps); each test checks
+its exit status, that stderr ends in exactly one error line with no traceback, and that the last good checkpoint still
+verifies. Size-limited and read-only file systems are tmpfs mounts in a private mount namespace (`unshare -m`, as
+root); where the machine does not allow one, those tests skip and say why."""
+import functools, os, shlex, shutil, subprocess, sys, tempfile
 from pathlib import Path
 import numpy as np
 import pytest
@@ -146,7 +146,8 @@ def test_no_permission_is_one_line(tmp_path):
                                   env={**os.environ, 'OMP_NUM_THREADS': '1'})
         (top / 'open').mkdir(mode=0o777)
         control = run(top / 'open' / 'ck')
-        if control.returncode != 0: pytest.skip(f'the trainer does not run as a plain user here: {control.stderr[-300:]}')
+        if control.returncode != 0:
+            pytest.skip(f'the trainer does not run as a plain user here: {control.stderr[-300:]}')
         p = run(locked / 'ck')
         line = one_error(p.stderr)
         assert p.returncode == 2 and str(locked / 'ck') in line and 'Permission denied (EACCES)' in line, p.stderr
@@ -164,9 +165,9 @@ def _train_on(folder, ckpt, steps=10):
                           f'std={folder}/shard-00003.bin', '--total-tokens', steps * STEP, *EVERY, '--ckpt-dir', ckpt))
 
 def test_token_id_beyond_the_vocabulary_mid_run(shards, tmp_path):
-    """An id of 300 (vocab_size 257) at position 300 of the first shard, outside the sample checked at open: the batch
-    of step 5 reads it (64 tokens a step), and the run stops there with the file and position named; the checkpoint
-    of step 4 is kept."""
+    """An id of 300 (vocab_size 257) at position 300 of the first shard, outside the sample checked at open: the
+    batch of step 5 reads it (64 tokens a step), and the run stops there with the file and position named; the
+    checkpoint of step 4 is kept."""
     bad = shards / 'shard-00000.bin'
     ids = np.fromfile(bad, '<u2')
     ids[300] = 300
@@ -186,7 +187,7 @@ def test_undamaged_shards_train(shards, tmp_path):
 
 @pytest.mark.parametrize('damage,says', [
     ('short', 'but its index'),                        # a .bin cut short: its index says more tokens
-    ('odd', 'is not a whole number of uint16 tokens'), # half a token at the end
+    ('odd', 'is not a whole number of uint16 tokens'),  # half a token at the end
     ('vocab', 'token id 65535 at position 0'),         # ids beyond the vocabulary where the sample looks
     ('val', 'token id 999 at position 0'),             # the validation shard too
 ])
@@ -208,15 +209,17 @@ def test_damaged_shard_stops_before_the_first_step(shards, tmp_path, damage, say
 
 @pytest.mark.parametrize('extra', [[], ['--offload']], ids=['optimizer', 'offload'])
 def test_resume_keeps_no_checkpoint_file_mapped(data, tmp_path, extra):
-    """After `restore_state`, /proc/self/maps names no file of the checkpoint it loaded, so pruning it returns its space.
-    The control: a PyTorch optimizer given the mapped tensors (`load_checkpoint`'s default) keeps the file mapped."""
+    """After `restore_state`, /proc/self/maps names no file of the checkpoint it loaded, so pruning it returns its
+    space. The control: a PyTorch optimizer given the mapped tensors (`load_checkpoint`'s default) keeps the file
+    mapped."""
     import gc, torch
     from apex3.data.loader import MixtureLoader
     from apex3.run import micro_step, optimizer_step
     from apex3.train import Dist, TrainState, build_run, restore_state, save_state, train_parser, trainer_settings
     maps = Path('/proc/self/maps')
     if not maps.exists(): pytest.skip('no /proc/self/maps here')
-    a = train_parser().parse_args([*map(str, TINY), *data, '--total-tokens', '640', '--ckpt-dir', str(tmp_path), *extra])
+    a = train_parser().parse_args([*map(str, TINY), *data, '--total-tokens', '640', '--ckpt-dir', str(tmp_path),
+                                   *extra])
     def fresh():
         run = build_run(trainer_settings(a), Dist())
         run.a, run.diloco = a, None

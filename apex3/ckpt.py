@@ -4,11 +4,12 @@
 
 # %% auto #0
 __all__ = ['SUMS', 'TMP', 'ckpt_name', 'checkpoint_tokens', 'list_checkpoints', 'fsync_dir', 'save_file', 'sha256_file',
-           'write_sums', 'read_sums', 'verify_checkpoint', 'clean_leftovers', 'prune_checkpoints', 'save_checkpoint',
-           'latest_checkpoint', 'load_component', 'load_checkpoint', 'rng_state', 'set_rng_state']
+           'write_sums', 'read_sums', 'verify_checkpoint', 'known_good', 'clean_leftovers', 'complete_checkpoints',
+           'room_keep', 'make_room', 'prune_checkpoints', 'os_error_in', 'fs_cause', 'save_checkpoint', 'room_needed',
+           'check_room', 'latest_checkpoint', 'load_component', 'load_checkpoint', 'rng_state', 'set_rng_state']
 
 # %% ../nbs/71_ckpt.ipynb #3ba48668
-import hashlib, logging, os, random, re, shutil, sys
+import errno, hashlib, logging, os, random, re, shutil, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch
@@ -87,6 +88,16 @@ def read_sums(d) -> dict:
         sums[m[2]] = m[1]
     return sums
 
+_GOOD = set()   # SHA256SUMS files (path, inode, mtime) this process wrote or verified: checkpoints known good
+
+def _stamp(p) -> tuple:
+    s = (Path(p) / SUMS).stat()
+    return str(Path(p).resolve()), s.st_ino, s.st_mtime_ns
+
+def _mark_good(p):
+    try: _GOOD.add(_stamp(p))
+    except OSError: pass   # deleted meanwhile (a concurrent pruning): nothing to remember
+
 def verify_checkpoint(path, files=None) -> list[str]:
     "Problems with the checkpoint at `path` (or with just `files` in it): [] when every checksum matches."
     path = Path(path)
@@ -99,7 +110,14 @@ def verify_checkpoint(path, files=None) -> list[str]:
         try: return None if sha256_file(path / name) == sums[name] else f'{name} fails its checksum'
         except FileNotFoundError: return f'{name} is missing'
     with ThreadPoolExecutor(min(8, max(1, len(files)))) as ex:
-        return [p for p in ex.map(check, files) if p]
+        problems = [p for p in ex.map(check, files) if p]
+    if not problems and len(files) == len(sums): _mark_good(path)
+    return problems
+
+def known_good(path) -> bool:
+    "Whether checkpoint `path` verifies: written or verified by this process unchanged since, else checked now."
+    try: return _stamp(path) in _GOOD or not verify_checkpoint(path)
+    except OSError: return False
 
 # %% ../nbs/71_ckpt.ipynb #2dc7b32d
 def _pid_alive(pid) -> bool:
@@ -125,10 +143,28 @@ def clean_leftovers(ckpt_dir) -> list[Path]:
         _log.warning('removed %s, left by an interrupted checkpoint write', p)
     return gone
 
+def complete_checkpoints(ckpt_dir) -> list[Path]:
+    "The checkpoints of `ckpt_dir` that have their `SHA256SUMS` (complete, checksums not checked), oldest first."
+    return [p for p in list_checkpoints(ckpt_dir) if (p / SUMS).exists()]
+
+def room_keep(keep, have) -> int:
+    "How many of `have` complete checkpoints stay while a new one is written: `keep - 1`, and at least the newest."
+    return have if keep is None else min(have, max(keep - 1, 1))
+
+def make_room(ckpt_dir, keep) -> list[Path]:
+    """Before a save, delete what `keep` will not need once the new checkpoint is in place; never the newest, and
+    nothing unless the newest verifies (`known_good`). Returns the deleted checkpoints."""
+    done = complete_checkpoints(ckpt_dir)
+    if room_keep(keep, len(done)) == len(done): return []
+    if not known_good(done[-1]):
+        _log.warning('not pruning before the save: the newest checkpoint %s does not verify', done[-1])
+        return []
+    return prune_checkpoints(ckpt_dir, room_keep(keep, len(done)))
+
 def prune_checkpoints(ckpt_dir, keep, protect=None) -> list[Path]:
     "Delete all but the newest `keep` (None: all) complete checkpoints, never `protect`; return the deleted ones."
     if keep is not None and keep < 1: raise UsageError(f'keep at least one checkpoint (keep={keep})')
-    complete = [p for p in list_checkpoints(ckpt_dir) if (p / SUMS).exists()]
+    complete = complete_checkpoints(ckpt_dir)
     keepers = set(complete if keep is None else complete[-keep:]) | ({Path(protect)} if protect else set())
     gone = [p for p in complete if p not in keepers]
     for p in gone: _remove(p)
@@ -138,31 +174,99 @@ def prune_checkpoints(ckpt_dir, keep, protect=None) -> list[Path]:
 # %% ../nbs/71_ckpt.ipynb #ebdae5e0
 _NAME_RE = re.compile(r'[A-Za-z0-9_][A-Za-z0-9_.-]*')
 
+def os_error_in(e) -> OSError | None:
+    """The `OSError` behind exception `e`: `e` itself, or one it was raised from or while handling (`torch.save`'s zip
+    writer reports a full disk as a `RuntimeError` raised during the `OSError`); None if there is none."""
+    while e is not None and not isinstance(e, OSError): e = e.__cause__ or e.__context__
+    return e
+
+def fs_cause(e: OSError) -> str:
+    "An `OSError`'s cause in words and its symbol, such as `No space left on device (ENOSPC)`."
+    name = errno.errorcode.get(e.errno)
+    return f'{e.strerror or e}' + (f' ({name})' if name else '')
+
+def _where(e, final) -> str:
+    "The file an error names: the component's name inside the temporary directory, else its whole path."
+    if not e.filename: return ''
+    f = Path(e.filename)
+    return f' ({f.name})' if f.parent.name.startswith(TMP) else '' if f == final else f' ({f})'
+
+def _kept(ckpt_dir) -> str:
+    try: done = complete_checkpoints(ckpt_dir)
+    except OSError: done = []
+    return f'{done[-1]} is kept' if done else 'no earlier checkpoint'
+
 def save_checkpoint(ckpt_dir, tokens, state: dict, keep=2) -> Path:
-    "Write `state` (component name -> object) as `ckpt_dir/tokens-<tokens>` atomically, then keep the newest `keep`."
+    """Write `state` (component name -> object) as `ckpt_dir/tokens-<tokens>` atomically and keep the newest `keep`
+    (`make_room` before, the rest after). A file-system failure raises `UsageError`: path, cause, what is kept."""
     ckpt_dir, name = Path(ckpt_dir), ckpt_name(tokens)
     if keep is not None and keep < 1: raise UsageError(f'keep at least one checkpoint (keep={keep})')
     if not state: raise UsageError('a checkpoint needs at least one component')
     if bad := [k for k in state if not isinstance(k, str) or not _NAME_RE.fullmatch(k) or k == SUMS]:
         raise UsageError(f'component names are file names of letters, digits, _ . - : not {bad}')
+    final = ckpt_dir / name
+    try: _write(ckpt_dir, final, state, keep)
+    except Exception as e:
+        if (err := os_error_in(e)) is None: raise
+        raise UsageError(f'cannot write checkpoint {final}{_where(err, final)}: {fs_cause(err)}; '
+                         f'{_kept(ckpt_dir)}') from None
+    _mark_good(final)   # hashed on its way to the disk: known good
+    try: prune_checkpoints(ckpt_dir, keep, protect=final)
+    except OSError as e:   # the new checkpoint is complete: more of them stay than asked for
+        _log.warning('could not prune %s: %s (older checkpoints stay)', e.filename or ckpt_dir, fs_cause(e))
+    return final
+
+def _write(ckpt_dir, final, state, keep):
+    "Steps 1-4 of a save: leftovers, room, the temporary directory, the rename."
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     clean_leftovers(ckpt_dir)
-    final, tmp = ckpt_dir / name, ckpt_dir / f'{TMP}{name}-{os.getpid()}'
+    make_room(ckpt_dir, keep)
+    tmp = ckpt_dir / f'{TMP}{final.name}-{os.getpid()}'
     tmp.mkdir()
     try:
         write_sums(tmp, {f'{k}.pt': save_file(v, tmp / f'{k}.pt') for k, v in state.items()})
         fsync_dir(tmp)
-        if newer := [p.name for p in list_checkpoints(ckpt_dir) if checkpoint_tokens(p) > int(tokens)]:
+        tokens = checkpoint_tokens(final)
+        if newer := [p.name for p in list_checkpoints(ckpt_dir) if checkpoint_tokens(p) > tokens]:
             _log.warning('writing %s while newer checkpoints exist (%s): latest_checkpoint prefers those',
-                         name, ', '.join(newer))
+                         final.name, ', '.join(newer))
         if final.exists(): _remove(final)   # same tokens again: replace (older checkpoints stay meanwhile)
         os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_dir(ckpt_dir)
-    prune_checkpoints(ckpt_dir, keep, protect=final)
-    return final
+
+# %% ../nbs/71_ckpt.ipynb #8153de5f
+def room_needed(ckpt_dir, ckpt_bytes, keep, saves, first_only=False) -> int:
+    """Bytes beyond what `ckpt_dir` holds now that `saves` more checkpoints of `ckpt_bytes` each need at their peak
+    under `keep` (`first_only`: the next save alone)."""
+    have = n = len(complete_checkpoints(ckpt_dir))
+    peak = 0
+    for _ in range(min(saves, 1 if first_only else (keep or saves) + 2)):   # the count settles after keep + 1 saves
+        n = room_keep(keep, n) + 1
+        peak, n = max(peak, n), n if keep is None else min(n, keep)
+    return max(0, peak - have) * int(ckpt_bytes)
+
+def _existing(path) -> Path:
+    "`path`, or its nearest ancestor that exists (what a run will create lives on that one's file system)."
+    path = Path(path).absolute()
+    while not path.exists() and path.parent != path: path = path.parent
+    return path
+
+def check_room(ckpt_dir, ckpt_bytes, keep, saves) -> int:
+    """Free bytes on `ckpt_dir`'s file system; `UsageError` if the next checkpoint does not fit, a warning if the peak
+    does not."""
+    free = shutil.disk_usage(_existing(ckpt_dir)).free
+    first, peak = (room_needed(ckpt_dir, ckpt_bytes, keep, saves, f) for f in (True, False))
+    mb = lambda b: f'{b / 1e6:,.1f} MB'
+    if free < first:
+        raise UsageError(f'no room for a checkpoint in {ckpt_dir}: about {mb(first)} needed, {mb(free)} free')
+    if free < peak:
+        _log.warning('%s has room for %d of the %d checkpoints --keep-ckpts %s holds at its peak (%s needed, %s free): '
+                     'a later save may fail, keeping the last good one', ckpt_dir, free // max(1, int(ckpt_bytes)),
+                     peak // max(1, int(ckpt_bytes)), keep, mb(peak), mb(free))
+    return free
 
 # %% ../nbs/71_ckpt.ipynb #294f9987
 def latest_checkpoint(ckpt_dir) -> Path | None:
@@ -189,20 +293,22 @@ def _numpy_array_globals():
     dtype_classes = {type(numpy.dtype(t)) for t in 'u4 i8 f8'.split()}
     return [core.multiarray._reconstruct, numpy.ndarray, numpy.dtype, *dtype_classes]
 
-def load_component(file, map_location='cpu'):
+def load_component(file, map_location='cpu', mmap=True):
     """`torch.load` one component with `weights_only=True`; a file that needs anything else raises `UsageError` unrun.
-    Its tensors are mapped from the file, not read into memory: resuming C16 from its tens of GB of host optimizer
-    state needs no second copy of it (pages come in as they are copied to where they go)."""
+    With `mmap`, its tensors are mapped from the file, not read into memory: resuming C16 from its tens of GB of host
+    optimizer state needs no second copy of it (pages come in as they are copied to where they go). A caller that
+    keeps the tensors themselves passes `mmap=False`: a mapping pins the file's disk space after it is deleted."""
     import pickle
     try:
         with torch.serialization.safe_globals(_numpy_array_globals()):
-            return torch.load(file, map_location=map_location, weights_only=True, mmap=True)
+            return torch.load(file, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         what = str(e).split('WeightsUnpickler error:')[-1].strip().splitlines()[0][:160]
         raise UsageError(f'{file} holds more than tensors and plain values, refused unloaded ({what})') from None
 
-def load_checkpoint(path, components=None, map_location='cpu', verified=False) -> dict:
-    "Verify (unless `verified`) and load the checkpoint at `path`: every component, or just `components`, as a dict."
+def load_checkpoint(path, components=None, map_location='cpu', verified=False, mmap=True) -> dict:
+    """Verify (unless `verified`) and load the checkpoint at `path`: every component, or just `components`, as a dict;
+    mapped from the files (`mmap`, see `load_component`) or read."""
     path = Path(path)
     if not (path / SUMS).is_file(): raise UsageError(f'{path} is not a checkpoint (no {SUMS})')
     try: have = [f.removesuffix('.pt') for f in read_sums(path)]
@@ -212,7 +318,7 @@ def load_checkpoint(path, components=None, map_location='cpu', verified=False) -
         raise UsageError(f'checkpoint {path} has no {", ".join(missing)} (it has {", ".join(have)})')
     if not verified and (problems := verify_checkpoint(path, [f'{n}.pt' for n in names])):
         raise UsageError(f'checkpoint {path} is corrupt: {"; ".join(problems)}')
-    return {n: load_component(path / f'{n}.pt', map_location) for n in names}
+    return {n: load_component(path / f'{n}.pt', map_location, mmap) for n in names}
 
 # %% ../nbs/71_ckpt.ipynb #cf35bb72
 def rng_state() -> dict:

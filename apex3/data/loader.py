@@ -7,14 +7,15 @@ from __future__ import annotations
 import glob, json, os
 from pathlib import Path
 import numpy as np
+from ..usage import UsageError
 
 # %% auto #0
-__all__ = ['parse_data_spec', 'TokenSource', 'MixtureLoader', 'cu_seqlens']
+__all__ = ['SAMPLE_RUNS', 'SAMPLE_LEN', 'parse_data_spec', 'ShardError', 'first_bad_id', 'open_shard', 'TokenSource',
+           'MixtureLoader', 'cu_seqlens']
 
 # %% ../../nbs/59_loader.ipynb #5fab48d0
 def parse_data_spec(spec) -> tuple:
     "`NAME=WEIGHT:GLOB` -> (name, weight, glob); a malformed spec raises `UsageError`."
-    from apex3.usage import UsageError
     try:
         name, rest = spec.split('=', 1)
         w, pattern = rest.split(':', 1)
@@ -25,17 +26,53 @@ def parse_data_spec(spec) -> tuple:
     return name, w, pattern
 
 # %% ../../nbs/59_loader.ipynb #97c94326
+SAMPLE_RUNS, SAMPLE_LEN = 16, 256   # ids checked when a shard opens: 16 runs of 256 tokens spread over it
+
+class ShardError(UsageError):
+    "A token shard that does not hold what its index and `meta.json` say; the message names the file."
+
+def first_bad_id(ids, vocab_size) -> int | None:
+    "Index of the first id of `ids` outside `[0, vocab_size)`, or None; one vectorized max (and min if signed) first."
+    if vocab_size is None or not len(ids): return None
+    if ids.max() < vocab_size and (ids.dtype.kind == 'u' or ids.min() >= 0): return None
+    return int(np.flatnonzero((ids >= vocab_size) | (ids < 0))[0])
+
+def _check_ids(path, ids, vocab_size, offset=0):
+    if (i := first_bad_id(ids, vocab_size)) is not None:
+        raise ShardError(f'{path}: token id {int(ids[i])} at position {offset + i:,} is outside the vocabulary '
+                         f'(vocab_size {vocab_size} in meta.json)')
+
+def open_shard(path, dtype, vocab_size=None):
+    """`(ids memmap, document ends)` of token shard `path` (a `.bin`, its `.idx` beside it), checked: a whole number of
+    tokens, rising document ends that end at the last token, ids below `vocab_size` on a sample; else `ShardError`."""
+    path, dt = str(path), np.dtype(dtype).newbyteorder('<')
+    size, idx = os.path.getsize(path), path[:-len('.bin')] + '.idx'
+    if size % dt.itemsize:
+        raise ShardError(f'{path}: {size:,} bytes is not a whole number of {dt.name} tokens (a cut-off write?)')
+    if not os.path.exists(idx): raise ShardError(f'{path}: its index {idx} is missing')
+    if os.path.getsize(idx) % 8: raise ShardError(f'{idx}: not a whole number of uint64 document ends')
+    ends, n = np.fromfile(idx, dtype='<u8'), size // dt.itemsize
+    if not len(ends) or int(ends[-1]) != n:
+        raise ShardError(f'{path} holds {n:,} tokens but its index {idx} says {int(ends[-1]) if len(ends) else 0:,}')
+    if ends[0] == 0 or (ends[1:] <= ends[:-1]).any(): raise ShardError(f'{idx}: document ends do not rise')
+    ids = np.memmap(path, dtype=dt, mode='r')
+    for a in np.unique(np.linspace(0, max(0, n - SAMPLE_LEN), SAMPLE_RUNS).astype(np.int64)):
+        _check_ids(path, ids[a:a + SAMPLE_LEN], vocab_size, a)
+    return ids, ends.astype(np.int64)
+
 class TokenSource:
-    "The token shards matched by `pattern` as one stream; this rank's slice is cut at document ends."
-    def __init__(self, pattern, rank=0, world=1):
+    """The token shards matched by `pattern` as one stream; this rank's slice is cut at document ends. Shards are
+    checked as they open (`open_shard`) and every read's ids against `meta.json`'s `vocab_size` (`check_ids`)."""
+    def __init__(self, pattern, rank=0, world=1, check_ids=True):
         self.files = [f for f in sorted(glob.glob(pattern)) if os.path.getsize(f)]  # empty shards cannot be mapped
         if not self.files: raise FileNotFoundError(f'no token shards match {pattern!r}')
-        self.maps, ends, off = [], [], 0
+        self.maps, self.vocab, ends, off = [], [], [], 0
         for f in self.files:
             meta = json.loads((Path(f).parent/'meta.json').read_text())
-            m = np.memmap(f, dtype=np.dtype(meta['dtype']).newbyteorder('<'), mode='r')
+            self.vocab.append(meta.get('vocab_size') if check_ids else None)
+            m, e = open_shard(f, meta['dtype'], self.vocab[-1])
             self.maps.append(m)
-            ends.append(np.fromfile(f[:-4] + '.idx', dtype='<u8').astype(np.int64) + off)
+            ends.append(e + off)
             off += len(m)
         self.starts = np.cumsum([0] + [len(m) for m in self.maps])
         doc_ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
@@ -45,11 +82,13 @@ class TokenSource:
         if self.hi - self.lo < 2: raise ValueError(f'{pattern!r}: too few tokens for rank {rank} of {world}')
     def __len__(self): return self.hi - self.lo
     def _read(self, a, b):
-        "Global tokens [a, b) across shard files."
+        "Global tokens [a, b) across shard files, their ids checked."
         out, f = [], int(np.searchsorted(self.starts, a, side='right') - 1)
         while a < b:
             e = min(b, self.starts[f + 1])
-            out.append(self.maps[f][a - self.starts[f] : e - self.starts[f]])
+            piece = self.maps[f][a - self.starts[f] : e - self.starts[f]]
+            _check_ids(self.files[f], piece, self.vocab[f], a - self.starts[f])
+            out.append(piece)
             a = e
             f += 1
         return np.concatenate(out) if out else np.zeros(0, np.int64)
@@ -66,13 +105,13 @@ class TokenSource:
 # %% ../../nbs/59_loader.ipynb #bc632a8c
 class MixtureLoader:
     "Weighted mixture of token sources yielding `[micro_bs, seq_len+1]` int64 rows; `state_dict()` resumes exactly."
-    def __init__(self, sources, seq_len, micro_bs, seed=0, rank=0, world=1):
-        "`sources`: {name: (weight, glob)} or a list of `NAME=WEIGHT:GLOB` strings."
+    def __init__(self, sources, seq_len, micro_bs, seed=0, rank=0, world=1, check_ids=True):
+        "`sources`: {name: (weight, glob)} or a list of `NAME=WEIGHT:GLOB` strings; `check_ids`: see `TokenSource`."
         if isinstance(sources, (list, tuple)): sources = {n: (w, g) for n, w, g in map(parse_data_spec, sources)}
         self.names = sorted(sources)
         w = np.array([float(sources[n][0]) for n in self.names])
         self.p = w / w.sum()
-        self.src = {n: TokenSource(sources[n][1], rank, world) for n in self.names}
+        self.src = {n: TokenSource(sources[n][1], rank, world, check_ids) for n in self.names}
         self.seq_len, self.micro_bs, self.seed, self.rank, self.world = seq_len, micro_bs, seed, rank, world
         self.row, self.pos = 0, {n: 0 for n in self.names}
 

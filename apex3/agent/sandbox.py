@@ -29,7 +29,7 @@ class SandboxResult:
     def ok(self): return self.exit_code == 0 and not self.timed_out
 
 # %% ../../nbs/62_sandbox.ipynb #cc4f7964
-PROTECTIONS = ('clean env', 'pid 1', 'no userns', 'disk quota', 'tmp size', 'open files', 'pids', 'memory cgroup')
+PROTECTIONS = ('clean env', 'pid 1', 'userns block', 'disk quota', 'tmp size', 'open files', 'pids', 'memory cgroup')
 
 def _protections(without):
     "The protections a sandbox leaves out (`without`): only the escape suite's controls pass any."
@@ -128,7 +128,7 @@ def bwrap_argv(workspace, ro_paths=(), bwrap='bwrap', tmp_mb=64, without=()):
     off = lambda name, args: [] if name in without else args
     size = off('tmp size', ['--size', str(tmp_mb << 20)])
     return [bwrap, '--unshare-all', '--unshare-user', '--die-with-parent', '--new-session', '--cap-drop', 'ALL',
-            *off('no userns', ['--disable-userns']), *off('pid 1', ['--as-pid-1']),
+            *off('userns block', ['--disable-userns']), *off('pid 1', ['--as-pid-1']),
             '--uid', str(SANDBOX_UID), '--gid', str(SANDBOX_UID), '--hostname', 'sandbox',
             *off('clean env', ['--clearenv']), *[a for k, v in SANDBOX_ENV.items() for a in ('--setenv', k, v)],
             *_root_args(ro_paths), '--proc', '/proc', '--dev', '/dev',
@@ -226,6 +226,7 @@ class Workspace:
     def __init__(self, workdir=None, disk_mb=256, quota=True):
         if workdir is not None and not os.path.isdir(workdir): raise UsageError(f'sandbox workdir {workdir} is not a folder')
         self.origin, self.disk_mb, self.closed = workdir and os.path.abspath(workdir), disk_mb, False
+        self.copied_in = False  # only then does close() copy back: a refused folder is left as it was
         self.quota = quota and self._can_mount()
         self.path = self.origin if self.origin and not self.quota else tempfile.mkdtemp(prefix='apex3-ws-')
         if self.quota and (why := _mount_tmpfs(self.path, disk_mb)):
@@ -255,13 +256,14 @@ class Workspace:
             raise UsageError(f'sandbox workdir {self.origin} holds {mb:.0f} MiB, more than the workspace quota '
                              f'of {self.disk_mb} MiB (--disk)')
         _copy_tree(self.origin, self.path, SANDBOX_UID)
+        self.copied_in = True
 
     def close(self):
         "Copy a named workdir's files back from its tmpfs, unmount, remove what the sandbox made; idempotent."
         if self.closed: return
         self.closed = True
         if self.quota:
-            if self.origin:
+            if self.copied_in:
                 _clear(self.origin)
                 _copy_tree(self.path, self.origin)
             if subprocess.run(['umount', self.path], capture_output=True).returncode:
@@ -709,10 +711,10 @@ SUITE_ROWS = {  # attack: (the protection that blocks it, its control: the prote
     'NoNewPrivs = 1': ('`no_new_privs`', None),
     'docker socket': ('no host socket is bound in', None),
     'host uid': ('host uid 65534 before bwrap starts', 'null'),
-    'host environment': ('bwrap starts with an empty environment, `--clearenv`; Docker gets three variables',
+    'host environment': ('bwrap starts with an empty environment, `--clearenv`; Docker gets only `SANDBOX_ENV`',
                          {'clean env'}),
     'ptrace outside': ('the command is PID 1 of its namespace (`--as-pid-1`): nothing else is there', {'pid 1'}),
-    'nested userns': ('`--disable-userns`; Docker: its seccomp profile', {'no userns'}),
+    'nested userns': ('`--disable-userns`; Docker: its seccomp profile', {'userns block'}),
     'disk fill': ('the workspace is a tmpfs of `--disk` MiB', {'disk quota'}),
     '/tmp, /dev/shm fill': ('`/tmp` and `/dev/shm` are tmpfs of `tmp_mb` MiB', {'tmp size'}),
     'open files': ('`RLIMIT_NOFILE` 256 on both backends', {'open files'}),
@@ -764,7 +766,7 @@ def control_suite(backend, names=None, limits=None):
 def suite_table(columns):
     "A markdown table: attack, protection, its control, then one outcome column per entry of `columns` (name: rows)."
     seen = {col: {r['attack']: r for r in rows} for col, rows in columns.items()}
-    cell = lambda r: '' if r is None else ('blocked' if r['blocked'] else '**escaped**')
+    cell = lambda r: '—' if r is None else ('blocked' if r['blocked'] else '**escaped**')
     lines = ['| attack | protection | control | ' + ' | '.join(columns) + ' |', '|---' * (3 + len(columns)) + '|']
     for attack, (protection, control) in SUITE_ROWS.items():
         outcomes = ' | '.join(cell(seen[col].get(attack)) for col in columns)
@@ -901,7 +903,7 @@ class DockerSandbox:
         env = {**os.environ, **SANDBOX_ENV} if 'clean env' in off else SANDBOX_ENV
         mem = dict(mem_limit=f'{lim.memory_mb}m', memswap_limit=f'{lim.memory_mb}m') if 'memory cgroup' not in off else {}
         tmp = '' if 'tmp size' in off else f'size={lim.tmp_mb}m'
-        seccomp = ['seccomp=unconfined'] if 'no userns' in off else []  # the default profile refuses unshare
+        seccomp = ['seccomp=unconfined'] if 'userns block' in off else []  # the default profile refuses unshare
         rlimits = [SANDBOX_PYTHON, '-I', '-S', '-c', _RLIMIT_EXEC, json.dumps(lim.rlimits(off))]
         return self.client.containers.create(
             self.image, rlimits + cmd, user=f'{SANDBOX_UID}:{SANDBOX_UID}', working_dir='/workspace',

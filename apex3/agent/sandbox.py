@@ -9,7 +9,8 @@ __all__ = ['PROTECTIONS', 'SANDBOX_UID', 'SANDBOX_PYTHON', 'SANDBOX_ENV', 'BAIT_
            'sandbox_main', 'image_files', 'image_tag', 'build_image', 'DockerSandbox']
 
 # %% ../../nbs/62_sandbox.ipynb #54f80bbb
-import json, logging, os, secrets, shutil, resource, signal, socket, stat, subprocess, sys, tempfile, threading, time, weakref
+import json, logging, os, secrets, shutil, resource, signal, socket, stat, subprocess, sys, tempfile, threading
+import time, weakref
 from dataclasses import dataclass, replace
 from ..usage import UsageError, ArgParser, run_command
 
@@ -216,7 +217,8 @@ def _clear(folder):
 
 def _mount_tmpfs(folder, size_mb):
     "Mount a tmpfs of `size_mb` (and a matching inode count) owned by the sandbox uid on `folder`; error text or None."
-    opts = f'size={size_mb}m,nr_inodes={max(1024, size_mb * 64)},mode=0700,uid={SANDBOX_UID},gid={SANDBOX_UID},nosuid,nodev'
+    owner = f'mode=0700,uid={SANDBOX_UID},gid={SANDBOX_UID},nosuid,nodev'
+    opts = f'size={size_mb}m,nr_inodes={max(1024, size_mb * 64)},{owner}'
     p = subprocess.run(['mount', '-t', 'tmpfs', '-o', opts, 'apex3-workspace', folder], capture_output=True, text=True)
     return None if p.returncode == 0 else (p.stderr.strip() or f'mount exit {p.returncode}')
 
@@ -224,7 +226,8 @@ class Workspace:
     "The sandbox's writable folder on the host: a tmpfs of `disk_mb` (root), else a plain folder (warned once)."
     _warned = False
     def __init__(self, workdir=None, disk_mb=256, quota=True):
-        if workdir is not None and not os.path.isdir(workdir): raise UsageError(f'sandbox workdir {workdir} is not a folder')
+        if workdir is not None and not os.path.isdir(workdir):
+            raise UsageError(f'sandbox workdir {workdir} is not a folder')
         self.origin, self.disk_mb, self.closed = workdir and os.path.abspath(workdir), disk_mb, False
         self.copied_in = False  # only then does close() copy back: a refused folder is left as it was
         self.quota = quota and self._can_mount()
@@ -901,7 +904,7 @@ class DockerSandbox:
     def _create(self, cmd):
         lim, off = self.limits, self.without
         env = {**os.environ, **SANDBOX_ENV} if 'clean env' in off else SANDBOX_ENV
-        mem = dict(mem_limit=f'{lim.memory_mb}m', memswap_limit=f'{lim.memory_mb}m') if 'memory cgroup' not in off else {}
+        mem = {} if 'memory cgroup' in off else dict(mem_limit=f'{lim.memory_mb}m', memswap_limit=f'{lim.memory_mb}m')
         tmp = '' if 'tmp size' in off else f'size={lim.tmp_mb}m'
         seccomp = ['seccomp=unconfined'] if 'userns block' in off else []  # the default profile refuses unshare
         rlimits = [SANDBOX_PYTHON, '-I', '-S', '-c', _RLIMIT_EXEC, json.dumps(lim.rlimits(off))]

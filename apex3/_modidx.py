@@ -153,6 +153,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'apex3.agent.sandbox._feed': ('sandbox.html#_feed', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._files': ('sandbox.html#_files', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._fork': ('sandbox.html#_fork', 'apex3/agent/sandbox.py'),
+                                     'apex3.agent.sandbox._hardlink': ('sandbox.html#_hardlink', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._host_ip': ('sandbox.html#_host_ip', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._host_uid': ('sandbox.html#_host_uid', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._leftovers': ('sandbox.html#_leftovers', 'apex3/agent/sandbox.py'),

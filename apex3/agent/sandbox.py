@@ -496,7 +496,8 @@ def _dns(sb, bait):
     return won == [] and hits == 0, f'got: {won}, host listener hits: {hits}'
 
 def _write(sb, bait):
-    names = ['/etc/apex3-probe', '/usr/apex3-probe', '/apex3-probe', os.path.join(bait.dir, 'probe-write')]
+    names = ['/etc/apex3-probe', '/usr/apex3-probe', '/apex3-probe', os.path.join(bait.dir, 'probe-write'),
+             f'/tmp/apex3-probe-{bait.token[:8]}', f'/dev/shm/apex3-probe-{bait.token[:8]}']  # private inside
     won, r = _attack(sb, 'write', *names)
     on_host = [n for n in names if os.path.exists(n)]
     for n in on_host: os.remove(n)
@@ -626,6 +627,8 @@ for pid in sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) 
 print(json.dumps(won))""",
 userns="""import ctypes, json, os
 libc, uid = ctypes.CDLL(None, use_errno=True), os.getuid()
+if libc.unshare(0x20000) == 0:  # CLONE_NEWNS alone, what `unshare -m` does: needs CAP_SYS_ADMIN
+    print(json.dumps(dict(unshare='ok', alone=True))); raise SystemExit
 if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER, what `unshare -r` does first
     print(json.dumps(dict(unshare=os.strerror(ctypes.get_errno())))); raise SystemExit
 for name, text in [('setgroups', 'deny'), ('uid_map', f'0 {uid} 1')]:
@@ -652,6 +655,12 @@ for folder in ('/tmp', '/dev/shm'):
             with open(f'{folder}/fill-{n}', 'wb', buffering=0) as f: out[folder] += f.write(b'x' * (8 << 20)) >> 20
     except OSError: pass
 print(json.dumps(out))""",
+hardlink="""import json, os, sys
+won = []
+for n, target in enumerate(sys.argv[1:]):
+    try: os.link(target, f'hardlink-{n}'); won.append(target)
+    except OSError: pass
+print(json.dumps(won))""",
 files="""import json, sys
 held = []
 try:
@@ -694,8 +703,18 @@ def _files(sb, bait):
     n, r = _attack(sb, 'files', 4 * sb.limits.nofile)
     return n is not None and n <= sb.limits.nofile, f'open files: {n} (limit {sb.limits.nofile})'
 
+def _hardlink(sb, bait):
+    "A hard link in the workspace to a host file: a host tool that later writes it would write the host's file."
+    targets = ['/etc/passwd', shutil.which('env', path='/usr/bin:/bin')]
+    won, r = _attack(sb, 'hardlink', *targets)
+    links = [os.path.join(sb.workdir, f'hardlink-{n}') for n in range(len(targets))]
+    same = [t for t, l in zip(targets, links) if os.path.exists(l) and os.path.samefile(t, l)]
+    for l in links:
+        if os.path.lexists(l): os.remove(l)
+    return not same, f'linked inside: {won}, the same file as the host\'s: {same}'
+
 ESCAPES.update({'host environment': _environ, 'ptrace outside': _ptrace, 'nested userns': _userns,
-                'disk fill': _disk, '/tmp, /dev/shm fill': _tmpfill, 'open files': _files})
+                'disk fill': _disk, '/tmp, /dev/shm fill': _tmpfill, 'open files': _files, 'hard link': _hardlink})
 
 # %% ../../nbs/62_sandbox.ipynb #24007362
 SUITE_ROWS = {  # attack: (the protection that blocks it, its control: the protections switched off, 'null' for none)
@@ -721,6 +740,7 @@ SUITE_ROWS = {  # attack: (the protection that blocks it, its control: the prote
     'disk fill': ('the workspace is a tmpfs of `--disk` MiB', {'disk quota'}),
     '/tmp, /dev/shm fill': ('`/tmp` and `/dev/shm` are tmpfs of `tmp_mb` MiB', {'tmp size'}),
     'open files': ('`RLIMIT_NOFILE` 256 on both backends', {'open files'}),
+    'hard link': ('the workspace is its own filesystem: a link to a host file is `EXDEV`', 'null'),
 }
 
 def escape_suite(sb, names=None):

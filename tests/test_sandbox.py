@@ -1,60 +1,129 @@
-"The agent sandbox: the escape suite per backend (printed as N/N blocked), its negative control, and the CLI."
+"The agent sandbox: the escape suite per backend (printed as N/N blocked), its controls, the workspace quota, the CLI."
 import contextlib, io, os, shutil, tempfile
 import pytest
 from apex3.usage import UsageError, run_command
-from apex3.agent.sandbox import (SUITE_LIMITS as SUITE, BwrapSandbox, DockerSandbox, Limits, SandboxResult,
-                                 escape_suite, escape_table, get_sandbox, sandbox_main, _docker_client, _run_limited)
+from apex3.agent.sandbox import (SUITE_LIMITS as SUITE, SUITE_ROWS, BAIT_VAR, BwrapSandbox, DockerSandbox, Limits,
+                                 NullSandbox, Workspace, bwrap_argv, control_suite, escape_suite, escape_table,
+                                 get_sandbox, sandbox_main, _docker_client)
 
 SUITE_LIMITS = Limits(**SUITE)
+NEW_ROWS = ['host environment', 'ptrace outside', 'nested userns', 'disk fill', '/tmp, /dev/shm fill', 'open files']
+root = os.geteuid() == 0
 needs_bwrap = pytest.mark.skipif(shutil.which('bwrap') is None and not os.environ.get('CI'),
                                  reason='bubblewrap is not installed (tools/ci_agent_setup.sh installs it)')
+
+def _docker_or_skip():
+    try: _docker_client()
+    except UsageError as e:
+        print(f'docker tests skipped: {e}')
+        pytest.skip(str(e))
 
 @needs_bwrap
 def test_bwrap_escape_suite_from_the_cli():
     rc, out, err = _cli('--escape-suite')
     print('\n' + out)
     rows = out.strip().splitlines()
-    assert len(rows) == 15 + 1
+    assert len(rows) == len(SUITE_ROWS) + 1
     escaped = [line.split('  ')[0] for line in rows[:-1] if ' ESCAPED ' in line]
-    assert escaped == ([] if os.geteuid() == 0 else ['memory, forked'])  # the cgroups need root
-    assert rows[-1] == ('bwrap: 15/15 blocked' if os.geteuid() == 0 else 'bwrap: 14/15 blocked')
-    assert rc == (0 if os.geteuid() == 0 else 1)
+    assert escaped == ([] if root else ['memory, forked', 'disk fill'])  # the cgroups and the tmpfs need root
+    n = len(SUITE_ROWS)
+    assert rows[-1] == (f'bwrap: {n}/{n} blocked' if root else f'bwrap: {n - 2}/{n} blocked')
+    assert rc == (0 if root else 1)
 
-def test_docker_escape_suite():
-    try: _docker_client()
-    except UsageError as e:
-        print(f'docker escape suite skipped: {e}')
-        pytest.skip(str(e))
+@needs_bwrap
+def test_bwrap_controls_of_the_new_rows_escape():
+    "Each new protection switched off alone lets its attack through: the rows can fail."
+    rows = control_suite('bwrap', NEW_ROWS, SUITE_LIMITS)
+    print('\n' + escape_table(rows, 'bwrap controls'))
+    assert [r['attack'] for r in rows if r['blocked']] == ([] if root else ['disk fill'])
+
+def test_suite_catches_a_null_sandbox():
+    names = ['tcp egress', 'dns egress', 'read secret', 'symlink escape', '.. escape', 'host environment']
+    with NullSandbox(Limits(wall_s=20)) as null: rows = escape_suite(null, names)
+    print('\n' + escape_table(rows, 'none'))
+    assert [r['attack'] for r in rows if r['blocked']] == []
+
+def test_docker_escape_suite_and_its_controls():
+    _docker_or_skip()
     with DockerSandbox(SUITE_LIMITS) as sb:
         r = sb.run(['sh', '-c', 'cat; echo e >&2; head -c 3000000 /dev/zero; exit 4'], stdin='x')
         assert (r.stdout[:1], r.stderr, r.exit_code, r.truncated) == ('x', 'e\n', 4, True)
         assert len(r.stdout) == sb.limits.output_bytes
-        rows = escape_suite(sb)
+        rows = escape_suite(sb, NEW_ROWS)  # the whole suite runs on Docker in chapter 62 itself
     print('\n' + escape_table(rows, 'docker'))
-    assert [r['attack'] for r in rows if not r['blocked']] == []
+    assert [r['attack'] for r in rows if not r['blocked']] == ([] if root else ['disk fill'])
+    controls = control_suite('docker', NEW_ROWS, SUITE_LIMITS)
+    print('\n' + escape_table(controls, 'docker controls'))
+    assert [r['attack'] for r in controls if r['blocked']] == ([] if root else ['disk fill'])
 
-class NullSandbox:
-    "A plain host subprocess: the attacks must escape it, or the suite's probes are broken."
-    backend = 'none'
-    def __init__(self, workdir): self.workdir, self.limits = workdir, Limits(wall_s=20)
-    def run(self, cmd, stdin=None, timeout=None):
-        rc, out, err, timed_out, cut, secs = _run_limited(cmd, stdin, timeout or 20, 1 << 20, cwd=self.workdir)
-        return SandboxResult(out, err, rc, timed_out, secs, cut, self.backend)
+LIMIT_LINES = ['Max cpu time', 'Max file size', 'Max core file size', 'Max open files', 'Max address space']
 
-def test_suite_catches_a_null_sandbox(tmp_path):
-    names = ['tcp egress', 'dns egress', 'write outside', 'read secret', 'symlink escape', '.. escape']
-    rows = escape_suite(NullSandbox(str(tmp_path)), names)
-    print('\n' + escape_table(rows, 'none'))
-    assert [r['attack'] for r in rows if r['blocked']] == []
+def _limits(sb):
+    lines = sb.run(['cat', '/proc/self/limits']).stdout.splitlines()
+    return {l[:26].strip(): l[26:].split()[:2] for l in lines if l[:26].strip() in LIMIT_LINES}
 
 @needs_bwrap
+def test_both_backends_set_the_same_rlimits():
+    _docker_or_skip()
+    limits = Limits(memory_mb=300, cpu_s=7, fsize_mb=5, nofile=100, wall_s=20)
+    with BwrapSandbox(limits) as bw, DockerSandbox(limits) as dk: inside = [_limits(bw), _limits(dk)]
+    assert inside[0] == inside[1] == {'Max cpu time': ['7', '8'], 'Max file size': [str(5 << 20)] * 2,
+                                      'Max core file size': ['0', '0'], 'Max open files': ['100', '100'],
+                                      'Max address space': [str(300 << 20)] * 2}
+
 @needs_bwrap
-@pytest.mark.skipif(os.geteuid() != 0, reason='the sandbox makes cgroups only as root')
-def test_forked_memory_bomb_needs_the_cgroup():
-    class RlimitsOnly(BwrapSandbox):
-        def _cgroups(self): return None
-    for cls, blocked in [(RlimitsOnly, False), (BwrapSandbox, True)]:
-        with cls(SUITE_LIMITS) as sb: assert escape_suite(sb, ['memory, forked'])[0]['blocked'] == blocked
+def test_python_tool_never_sees_the_host_environment(monkeypatch):
+    "The agent's `python` tool through the default runner: no /proc file inside holds the caller's variables."
+    from apex3.agent.tools import get_runner, python_tool
+    monkeypatch.setenv(BAIT_VAR, 'sk-planted-4242')
+    code = ("import glob\nfor p in glob.glob('/proc/*/environ') + glob.glob('/proc/*/cmdline'):\n"
+            "    try: print(open(p, 'rb').read())\n    except OSError: pass")
+    runner = get_runner(wall_s=20)
+    assert isinstance(runner, BwrapSandbox)
+    out = python_tool(runner).fn(dict(code=code))
+    assert "b'" in out and 'sk-planted-4242' not in out
+    with BwrapSandbox(Limits(wall_s=20), without={'clean env'}) as leaky:  # the control: the probe finds it there
+        assert 'sk-planted-4242' in python_tool(leaky).fn(dict(code=code))
+
+@needs_bwrap
+@pytest.mark.skipif(not root, reason='the workspace quota mounts a tmpfs, which needs root')
+def test_workspace_quota_holds_across_runs_and_a_named_folder():
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, 'keep.txt'), 'w') as f: f.write('mine')
+        with get_sandbox(wall_s=20, disk_mb=4, workdir=d) as sb:
+            fill = 'for i in 1 2 3 4 5 6; do head -c 1000000 /dev/zero > "f$0-$i" || exit 1; done'
+            assert [sb.run(['sh', '-c', fill, str(run)]).exit_code for run in range(2)] == [1, 1]
+            used = shutil.disk_usage(sb.workdir)
+            assert used.total <= 4 << 20 and used.free < 1 << 20
+        assert os.path.exists(os.path.join(d, 'keep.txt'))  # what the folder held comes back with the new files
+        assert sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d)) <= 4 << 20
+    big = tempfile.mkdtemp()
+    try:
+        with open(os.path.join(big, 'big'), 'wb') as f: f.write(b'x' * (2 << 20))
+        with pytest.raises(UsageError, match='more than the workspace quota'): get_sandbox(disk_mb=1, workdir=big)
+        assert os.path.getsize(os.path.join(big, 'big')) == 2 << 20  # refused, and nothing lost
+    finally: shutil.rmtree(big)
+
+@pytest.mark.skipif(not root, reason='the workspace quota mounts a tmpfs, which needs root')
+def test_copy_back_never_follows_a_link():
+    "A link the sandbox leaves in a named folder comes back as a link: the host file it names is untouched."
+    with tempfile.TemporaryDirectory() as d, tempfile.NamedTemporaryFile('w', delete=False) as host:
+        host.write('host data')
+        host.close()
+        ws = Workspace(d, disk_mb=4)
+        os.symlink(host.name, os.path.join(ws.path, 'evil'))
+        os.mkfifo(os.path.join(ws.path, 'pipe'))
+        ws.close()
+        assert os.readlink(os.path.join(d, 'evil')) == host.name and not os.path.exists(os.path.join(d, 'pipe'))
+        assert open(host.name).read() == 'host data'
+        os.unlink(host.name)
+
+def test_bwrap_argv_carries_each_protection_and_without_drops_it():
+    on, off = bwrap_argv('/tmp/ws'), bwrap_argv('/tmp/ws', without={'clean env', 'pid 1', 'userns block', 'tmp size'})
+    for flag in ['--clearenv', '--as-pid-1', '--disable-userns', '--size']:
+        assert flag in on and flag not in off
+    assert on[on.index('--bind') + 1:on.index('--bind') + 3] == ['/tmp/ws', '/workspace']
+    with pytest.raises(UsageError, match='unknown sandbox protections'): BwrapSandbox(without={'seatbelt'})
 
 @needs_bwrap
 def test_workspace_persists_and_is_the_only_writable_place():
@@ -75,12 +144,13 @@ def _cli(*argv):
 @needs_bwrap
 def test_cli_runs_a_command():
     with tempfile.TemporaryDirectory() as d:
-        rc, out, err = _cli('--workdir', d, '--', 'sh', '-c', 'echo hello > f; cat f; exit 3')
+        rc, out, err = _cli('--workdir', d, '--disk', '16', '--', 'sh', '-c', 'echo hello > f; cat f; exit 3')
         assert (rc, out) == (3, 'hello\n') and '[sandbox bwrap] exit 3' in err
         assert open(os.path.join(d, 'f')).read() == 'hello\n'
 
 @pytest.mark.parametrize('argv', [[], ['true'], ['--memory', 'lots', '--', 'true'], ['--backend', 'vm', '--', 'true'],
-                                  ['--workdir', '/nonexistent/dir', '--', 'true'], ['--']])
+                                  ['--disk', '0', '--', 'true'], ['--workdir', '/nonexistent/dir', '--', 'true'],
+                                  ['--']])
 def test_cli_bad_input_is_one_line(argv):
     rc, out, err = _cli(*argv)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith('apex3 agent sandbox: error:')

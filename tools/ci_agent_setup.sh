@@ -13,6 +13,11 @@ if [ ${#need[@]} -gt 0 ]; then
         || echo "ci_agent_setup: apt-get install ${need[*]} failed"
 fi
 command -v bwrap >/dev/null || { echo "ci_agent_setup: bubblewrap is missing"; exit 1; }
+# the sandbox needs bubblewrap 0.8 or later (--disable-userns, --size) and mount(8) for the workspace tmpfs quota
+for flag in --disable-userns --as-pid-1 --size; do
+    bwrap --help 2>&1 | grep -q -- "$flag" || { echo "ci_agent_setup: bwrap $(bwrap --version) lacks $flag (need 0.8+)"; exit 1; }
+done
+command -v mount >/dev/null || echo "ci_agent_setup: mount is missing (apt-get install mount): no workspace quota"
 if docker info >/dev/null 2>&1; then
     echo "ci_agent_setup: a Docker daemon is already running"
 elif command -v dockerd >/dev/null; then

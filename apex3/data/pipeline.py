@@ -8,7 +8,8 @@ import errno, glob, inspect, json, math, os, re, sys, tempfile, time, tomllib
 from collections import Counter
 from pathlib import Path
 from ..usage import ArgParser, UsageError
-from .core import MapStage, LocalExecutor, RayExecutor, list_shards, read_docs, read_jsonl_zst, atomic_write_bytes
+from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, list_shards, read_docs, read_jsonl_zst,
+                             atomic_write_bytes)
 from .ingest import Source, IngestStage
 from .clean import GopherQuality, GopherRepetition, C4Lines, FineWebQuality, CodeQuality
 from .decontaminate import Decontaminate, Benchmark, humaneval_prompts, jsonl_prompts
@@ -293,9 +294,10 @@ def check_writable(folder):
         raise UsageError(f'cannot write to {folder}: {e.strerror} ({errno.errorcode.get(e.errno)})') from None
 
 def data_main(argv=()):
-    "apex3 data: run the pipeline (`run CONFIG`, `demo`, `corpus`) or one stage; a file-system failure is one line."
+    "apex3 data: run the pipeline (`run CONFIG`, `demo`, `corpus`) or one stage; a failure of the machine is one line."
     try: return _data_main(argv)
     except OSError as e: raise UsageError(fs_error_line(e)) from None
+    except WorkerDied as e: raise UsageError(str(e)) from None
 
 def _data_main(argv):
     p = ArgParser(prog='apex3 data', description='run the data pipeline or one stage')

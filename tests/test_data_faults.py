@@ -219,6 +219,8 @@ def test_worker_killed_mid_task_is_one_line_and_resumes(tmp_path):
     assert re.fullmatch(rf'apex3 data: error: a pool worker \(pid {victim}\) was killed by SIGKILL while running task '
                         r'shard-\d{5} of stage s:gopher_repetition\+redact; finished tasks are kept: run again to resume\n',
                         err), err
+    t0 = time.time()
+    while alive(kids) and time.time() - t0 < 5: time.sleep(0.1)  # the resource tracker ends just after the run
     assert alive(kids) == []  # the other workers and the tracker ended with the run
     done_before = len(list((tmp_path/'out/work/s').glob('01_*/.done/*.json')))
     assert 1 <= done_before < 4

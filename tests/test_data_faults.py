@@ -1,7 +1,8 @@
 """Faults a data run meets, injected and judged from outside: SIGKILL of `apex3 data run` leaves no process behind
 (read from /proc; the control runs the same pool with the protection off and finds survivors), SIGKILL of one pool
 worker mid-task is one line naming its task, exit 2, and a rerun resumes to a clean run's bytes, outputs get the
-umask's mode, a read-only output folder and a full disk are one line naming the path and the cause, exit 2, and the
+umask's mode, a disk clearly too small for a run is refused before any work (one line, exit 2) and a tight one
+warned about, a read-only output folder and a full disk are one line naming the path and the cause, exit 2, and the
 last good state survives: a rerun with room finishes with outputs byte-identical to an undisturbed run's."""
 import glob, os, random, re, shutil, signal, subprocess, sys, tempfile, textwrap, time
 from pathlib import Path
@@ -137,8 +138,11 @@ IN_NAMESPACE = textwrap.dedent('''
                        if p.is_file() and '.done' not in p.parts and p.name != 'markers.json'}
     mnt, res = tmp/'mnt', {}
     mnt.mkdir()
-    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=256k', 'tmpfs', str(mnt)], check=True)
-    full = run(tmp/'full.toml')                      # the disk fills mid-run
+    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs', str(mnt)], check=True)
+    tiny = run(tmp/'full.toml')                      # clearly too small: refused before any work
+    res['tiny'] = dict(rc=tiny.returncode, err=tiny.stderr, files=[str(p) for p in mnt.rglob('*') if p.is_file()])
+    subprocess.run(['mount', '-o', 'remount,size=256k', str(mnt)], check=True)
+    full = run(tmp/'full.toml')                      # tight: a warning, then the disk fills mid-run
     res['full'] = dict(rc=full.returncode, err=full.stderr)
     res['markers_at_full'] = sorted(str(p.relative_to(mnt)) for p in mnt.rglob('.done/*.json'))
     subprocess.run(['mount', '-o', 'remount,size=64m', str(mnt)], check=True)
@@ -166,9 +170,15 @@ def test_full_disk_and_read_only_folder(tmp_path):
     import json
     res = json.loads(p.stdout.splitlines()[-1])
     print(res)
-    full, ro = res['full'], res['ro']
-    assert full['rc'] == 2 and full['err'].count('\n') == 1 and 'Traceback' not in full['err'], full['err'][-2000:]
-    assert 'No space left on device' in full['err'] and str(tmp_path/'mnt'/'out') in full['err']
+    tiny, full, ro = res['tiny'], res['full'], res['ro']
+    assert tiny['rc'] == 2 and tiny['err'].count('\n') == 1 and tiny['files'] == [], tiny
+    assert re.fullmatch(rf'apex3 data: error: {re.escape(str(tmp_path/"mnt"/"out"))}: 64.0 KiB free, but the ingest '
+                        r'copies of the inputs alone take about \S+ \S+ \(about \S+ \S+ if every document is kept\): '
+                        r'free some space or set pipeline.out elsewhere\n', tiny['err']), tiny['err']
+    warning, error = full['err'].splitlines()      # the check let the tight disk start, with a warning
+    assert full['rc'] == 2 and 'Traceback' not in full['err'], full['err'][-2000:]
+    assert warning.startswith(f'apex3 data: warning: {tmp_path/"mnt"/"out"}: ') and 'may run out of space' in warning
+    assert 'No space left on device' in error and str(tmp_path/'mnt'/'out') in error
     assert res['resumed']['rc'] == 0, res['resumed']
     assert res['same_as_clean']  # nothing half-written survived the full disk
     assert ro['rc'] == 2 and ro['err'].count('\n') == 1 and 'Read-only file system' in ro['err'], ro['err']

@@ -38,7 +38,8 @@ def _space_config(tmp_path):
     (tmp_path/'raw'/'a.jsonl').write_text(''.join(json.dumps({'text': ' '.join(rng.choices(words, k=120))}) + '\n'
                                                   for _ in range(50)))
     (tmp_path/'c.toml').write_text('[pipeline]\nout = "out"\n[[source]]\nname = "s"\nkind = "jsonl"\n'
-                                   'path = "raw/*.jsonl"\nshards = 2\nstages = ["redact"]\n[tokenize]\nvocab_size = 300\n')
+                                   'path = "raw/*.jsonl"\nshards = 2\nstages = ["redact"]\n'
+                                   '[tokenize]\nvocab_size = 300\n')
     return tmp_path/'c.toml'
 
 @pytest.mark.parametrize('free, rc, lines', [(1_000, 2, 1), (60_000, 0, 1), (10**12, 0, 0)])

@@ -227,7 +227,8 @@ def test_worker_killed_mid_task_is_one_line_and_resumes(tmp_path):
     err = p.communicate(timeout=120)[1]
     assert p.returncode == 2 and err.count('\n') == 1 and 'Traceback' not in err, err[-2000:]
     assert re.fullmatch(rf'apex3 data: error: a pool worker \(pid {victim}\) was killed by SIGKILL while running task '
-                        r'shard-\d{5} of stage s:gopher_repetition\+redact; finished tasks are kept: run again to resume\n',
+                        r'shard-\d{5} of stage s:gopher_repetition\+redact; '
+                        r'finished tasks are kept: run again to resume\n',
                         err), err
     t0 = time.time()
     while alive(kids) and time.time() - t0 < 5: time.sleep(0.1)  # the resource tracker ends just after the run

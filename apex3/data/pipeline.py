@@ -285,7 +285,8 @@ def source_text(s, files_sampled=32) -> tuple:
     files = [f for _, fs, _ in Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS}).units() for f in fs]
     size = {f: os.path.getsize(f) * PACKED.get(Path(f).suffix, 1.0) for f in files}
     step = max(1, len(files) // files_sampled)
-    ratios = {f: r for f in files[::step][:files_sampled] if s['kind'] != 'parquet' and (r := zstd_ratio(f)) is not None}
+    sampled = files[::step][:files_sampled] if s['kind'] != 'parquet' else []
+    ratios = {f: r for f in sampled if (r := zstd_ratio(f)) is not None}
     weight = sum(size[f] for f in ratios)  # each file's ratio counts by its size (a big junk file barely compresses)
     return int(sum(size.values())), sum(size[f] * r for f, r in ratios.items()) / weight if weight else 0.4
 

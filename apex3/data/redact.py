@@ -343,7 +343,8 @@ def family_recall(cases, found) -> 'pd.DataFrame':
     return df.groupby('family', sort=False).found.agg(cases='size', found='sum').assign(recall=lambda t: t.found / t.cases)
 
 # %% ../../nbs/55_redact.ipynb #5fef63ff
-_CUT_PLACEHOLDER = re.compile(r'<(?:SECRET_[A-Z0-9_]*|E(?:M(?:A(?:IL?)?)?)?|P(?:H(?:O(?:NE?)?)?)?|I(?:P(?:_[A-Z]*)?)?)$')
+_CUT_PLACEHOLDER = re.compile(r'<(?:SECRET_[A-Z0-9_]*|E(?:M(?:A(?:IL?)?)?)?|P(?:H(?:O(?:NE?)?)?)?'
+                              r'|I(?:P(?:_[A-Z]*)?)?)$')  # the start of a placeholder, at the end
 
 def leaks(case, text, k=8) -> bool:
     "Does `text` (its placeholders aside) hold `k` consecutive characters of the secret that its context does not?"

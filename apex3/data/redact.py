@@ -11,7 +11,7 @@ from .scrub import SECRET_PLUGINS, FAMILY_RULES, FAMILIES, redacted_preview, scr
 
 # %% auto #0
 __all__ = ['SUITE_KINDS', 'PLACEHOLDER_RE', 'Redact', 'fake_secrets', 'secret_values', 'secret_cases', 'whole_replaced',
-           'suite_table', 'family_cases', 'replaced_whole', 'family_recall', 'leaks', 'detect_secrets_found', 'finds']
+           'suite_table', 'family_cases', 'replaced_whole', 'family_recall', 'detect_secrets_found', 'leaks', 'finds']
 
 # %% ../../nbs/55_redact.ipynb #9668e7a8
 class Redact(Step):
@@ -342,17 +342,6 @@ def family_recall(cases, found) -> 'pd.DataFrame':
     df = pd.DataFrame(dict(family=[c['family'] for c in cases], found=found))
     return df.groupby('family', sort=False).found.agg(cases='size', found='sum').assign(recall=lambda t: t.found / t.cases)
 
-# %% ../../nbs/55_redact.ipynb #5fef63ff
-_CUT_PLACEHOLDER = re.compile(r'<(?:SECRET_[A-Z0-9_]*|E(?:M(?:A(?:IL?)?)?)?|P(?:H(?:O(?:NE?)?)?)?'
-                              r'|I(?:P(?:_[A-Z]*)?)?)$')  # the start of a placeholder, at the end
-
-def leaks(case, text, k=8) -> bool:
-    "Does `text` (its placeholders aside) hold `k` consecutive characters of the secret that its context does not?"
-    text = _CUT_PLACEHOLDER.sub('', PLACEHOLDER_RE.sub('\0', text))  # a preview may end inside a placeholder
-    s, around = case['secret'], case['prefix'] + case['suffix']
-    k = min(k, len(s))
-    return any(s[i:i + k] in text and s[i:i + k] not in around for i in range(len(s) - k + 1))
-
 # %% ../../nbs/55_redact.ipynb #3d936d65
 def _overlaps(found, planted) -> bool:
     return len(found) >= min(8, len(planted)) and (found in planted or planted in found)
@@ -376,6 +365,17 @@ def detect_secrets_found(cases) -> list:
         for _, s in sc: by_line.setdefault(s.line_number, []).append(s.secret_value or '')
     return [any(_overlaps(v, c['secret']) for ln in range(a, b) for v in by_line.get(ln, ()))
             for (a, b), c in zip(spans, cases)]
+
+# %% ../../nbs/55_redact.ipynb #5fef63ff
+_CUT_PLACEHOLDER = re.compile(r'<(?:SECRET_[A-Z0-9_]*|E(?:M(?:A(?:IL?)?)?)?|P(?:H(?:O(?:NE?)?)?)?'
+                              r'|I(?:P(?:_[A-Z]*)?)?)$')  # the start of a placeholder, at the end
+
+def leaks(case, text, k=8) -> bool:
+    "Does `text` (its placeholders aside) hold `k` consecutive characters of the secret that its context does not?"
+    text = _CUT_PLACEHOLDER.sub('', PLACEHOLDER_RE.sub('\0', text))  # a preview may end inside a placeholder
+    s, around = case['secret'], case['prefix'] + case['suffix']
+    k = min(k, len(s))
+    return any(s[i:i + k] in text and s[i:i + k] not in around for i in range(len(s) - k + 1))
 
 # %% ../../nbs/55_redact.ipynb #e5618ad8
 def finds(text, width=30, redact=None) -> list:

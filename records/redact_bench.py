@@ -7,11 +7,12 @@ usage: python records/redact_bench.py [--seeds 0,1,2] [--repeats 3] [--max-files
 1. Recall (kind `redact_recall`): `family_cases` for each seed; a case is found by apex3 when the redacted text is
    its prefix, one placeholder and its suffix, by detect-secrets (default plugins and filters) when it reports a
    secret overlapping the planted one on the case's lines. One record per (impl, family, seed).
-2. False positives (kind `redact_fp`): every replacement `scrub` alone (the patterns before the families) and the
-   step make in the standard library's files, counted per kind and per MB. One record per (impl, kind).
+2. False positives (kind `redact_fp`): every replacement the step and `scrub` without the families (impl `scrub`:
+   `rules=()`, `phones=False`, leaving detect-secrets' plugins and the scrubber's own patterns) make in the standard
+   library's files, counted per kind and per MB. One record per (impl, kind).
 3. Speed (kind `redact_speed`): CPU seconds of this process for one pass over every file, the median of
-   `--repeats` passes, for `scrub` alone and the step."""
-import argparse, os, platform, random, shlex, statistics, sys, sysconfig, time
+   `--repeats` passes, for the same two."""
+import argparse, functools, os, platform, random, shlex, statistics, sys, sysconfig, time
 from collections import Counter
 from pathlib import Path
 from apex3.data.core import stdlib_files
@@ -38,7 +39,7 @@ def corpus(max_files=None) -> list:
     root = Path(sysconfig.get_paths()['stdlib'])
     return [(root/f).read_text(errors='replace') for f in stdlib_files(max_files=max_files)]
 
-IMPLS = {'scrub': scrub, 'redact': Redact().redact}
+IMPLS = {'scrub': functools.partial(scrub, rules=(), phones=False), 'redact': Redact().redact}
 
 def fp_records(texts, mb) -> list:
     "Finds per kind and per MB of each implementation on the corpus."

@@ -28,3 +28,30 @@ def test_one_stage_dedup(tmp_path):
     write_docs(tmp_path/'in'/'s1.jsonl.zst', [Document('c', text.upper())])
     assert data_main(['dedup', str(tmp_path/'in'), str(tmp_path/'out')]) == 0
     assert sorted(d.id for s in list_shards(tmp_path/'out') for d in read_docs(s)) == ['a', 'b']
+
+def _space_config(tmp_path):
+    "A one-source config over 40 KB of words (prose-like text, compressible about 3x)."
+    import random
+    rng = random.Random(0)
+    words = [''.join(rng.choice('etaoinshrdlucmfw') for _ in range(rng.randrange(2, 8))) for _ in range(400)]
+    (tmp_path/'raw').mkdir()
+    (tmp_path/'raw'/'a.jsonl').write_text(''.join(json.dumps({'text': ' '.join(rng.choices(words, k=120))}) + '\n'
+                                                  for _ in range(50)))
+    (tmp_path/'c.toml').write_text('[pipeline]\nout = "out"\n[[source]]\nname = "s"\nkind = "jsonl"\n'
+                                   'path = "raw/*.jsonl"\nshards = 2\nstages = ["redact"]\n'
+                                   '[tokenize]\nvocab_size = 300\n')
+    return tmp_path/'c.toml'
+
+@pytest.mark.parametrize('free, rc, lines', [(1_000, 2, 1), (60_000, 0, 1), (10**12, 0, 0)])
+def test_free_space_reading(tmp_path, monkeypatch, capsys, free, rc, lines):
+    "An injected free-space reading: clearly too small is refused before any work, tight warns, ample is silent."
+    import shutil
+    from collections import namedtuple
+    from apex3.usage import run_command
+    monkeypatch.setattr(shutil, 'disk_usage', lambda p: namedtuple('usage', 'total used free')(10**13, 0, free))
+    assert run_command('data', data_main, ['run', str(_space_config(tmp_path))]) == rc
+    err = capsys.readouterr().err
+    assert err.count('\n') == lines and 'Traceback' not in err, err
+    if rc: assert 'free, but the ingest copies' in err and not (tmp_path/'out'/'work').exists()
+    elif lines: assert err.startswith('apex3 data: warning: ') and 'may run out of space' in err
+    if not rc: assert (tmp_path/'out'/'tokens'/'s').is_dir()

@@ -1,8 +1,10 @@
 """Faults a data run meets, injected and judged from outside: SIGKILL of `apex3 data run` leaves no process behind
-(read from /proc; the control runs the same pool with the protection off and finds survivors), outputs get the
-umask's mode, a read-only output folder and a full disk are one line naming the path and the cause, exit 2, and the
+(read from /proc; the control runs the same pool with the protection off and finds survivors), SIGKILL of one pool
+worker mid-task is one line naming its task, exit 2, and a rerun resumes to a clean run's bytes, outputs get the
+umask's mode, a disk clearly too small for a run is refused before any work (one line, exit 2) and a tight one
+warned about, a read-only output folder and a full disk are one line naming the path and the cause, exit 2, and the
 last good state survives: a rerun with room finishes with outputs byte-identical to an undisturbed run's."""
-import os, random, shutil, signal, subprocess, sys, tempfile, textwrap, time
+import glob, os, random, re, shutil, signal, subprocess, sys, tempfile, textwrap, time
 from pathlib import Path
 import pytest
 
@@ -136,8 +138,11 @@ IN_NAMESPACE = textwrap.dedent('''
                        if p.is_file() and '.done' not in p.parts and p.name != 'markers.json'}
     mnt, res = tmp/'mnt', {}
     mnt.mkdir()
-    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=256k', 'tmpfs', str(mnt)], check=True)
-    full = run(tmp/'full.toml')                      # the disk fills mid-run
+    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs', str(mnt)], check=True)
+    tiny = run(tmp/'full.toml')                      # clearly too small: refused before any work
+    res['tiny'] = dict(rc=tiny.returncode, err=tiny.stderr, files=[str(p) for p in mnt.rglob('*') if p.is_file()])
+    subprocess.run(['mount', '-o', 'remount,size=256k', str(mnt)], check=True)
+    full = run(tmp/'full.toml')                      # tight: a warning, then the disk fills mid-run
     res['full'] = dict(rc=full.returncode, err=full.stderr)
     res['markers_at_full'] = sorted(str(p.relative_to(mnt)) for p in mnt.rglob('.done/*.json'))
     subprocess.run(['mount', '-o', 'remount,size=64m', str(mnt)], check=True)
@@ -165,10 +170,72 @@ def test_full_disk_and_read_only_folder(tmp_path):
     import json
     res = json.loads(p.stdout.splitlines()[-1])
     print(res)
-    full, ro = res['full'], res['ro']
-    assert full['rc'] == 2 and full['err'].count('\n') == 1 and 'Traceback' not in full['err'], full['err'][-2000:]
-    assert 'No space left on device' in full['err'] and str(tmp_path/'mnt'/'out') in full['err']
+    tiny, full, ro = res['tiny'], res['full'], res['ro']
+    assert tiny['rc'] == 2 and tiny['err'].count('\n') == 1 and tiny['files'] == [], tiny
+    assert re.fullmatch(rf'apex3 data: error: {re.escape(str(tmp_path/"mnt"/"out"))}: 64.0 KiB free, but the ingest '
+                        r'copies of the inputs alone take about \S+ \S+ \(about \S+ \S+ if every document is kept\): '
+                        r'free some space or set pipeline.out elsewhere\n', tiny['err']), tiny['err']
+    warning, error = full['err'].splitlines()      # the check let the tight disk start, with a warning
+    assert full['rc'] == 2 and 'Traceback' not in full['err'], full['err'][-2000:]
+    assert warning.startswith(f'apex3 data: warning: {tmp_path/"mnt"/"out"}: ') and 'may run out of space' in warning
+    assert 'No space left on device' in error and str(tmp_path/'mnt'/'out') in error
     assert res['resumed']['rc'] == 0, res['resumed']
     assert res['same_as_clean']  # nothing half-written survived the full disk
     assert ro['rc'] == 2 and ro['err'].count('\n') == 1 and 'Read-only file system' in ro['err'], ro['err']
     assert str(tmp_path/'mnt'/'out') in ro['err'] and ro['intact']
+
+def pool_workers(pid) -> list:
+    "The pool workers below `pid` (spawned children that are not multiprocessing's resource tracker)."
+    out = []
+    for c in descendants(pid):
+        try: cmd = Path(f'/proc/{c}/cmdline').read_bytes()
+        except OSError: continue
+        if b'spawn_main' in cmd and b'resource_tracker' not in cmd: out.append(c)
+    return out
+
+def cpu_ticks(pid) -> int:
+    try: s = Path(f'/proc/{pid}/stat').read_text()
+    except OSError: return -1
+    f = s[s.rindex(')') + 2:].split()
+    return int(f[11]) + int(f[12])
+
+def busy_worker(pid, stage_glob, timeout=60) -> int:
+    "Once a task of the stage has finished (so the workers are past their start-up), a worker using CPU now."
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        ws = pool_workers(pid)
+        if len(ws) == 2 and glob.glob(stage_glob):
+            before = {w: cpu_ticks(w) for w in ws}
+            time.sleep(0.1)
+            busy = [w for w in ws if cpu_ticks(w) > before[w] >= 0]
+            if busy: return busy[0]
+        time.sleep(0.02)
+    raise AssertionError('no busy pool worker seen')
+
+def test_worker_killed_mid_task_is_one_line_and_resumes(tmp_path):
+    "SIGKILL of one pool worker from outside: exit 2, one line naming the task; a rerun resumes to a clean run's bytes."
+    from apex3.data.pipeline import output_files
+    corpus(tmp_path/'raw', n_files=4, docs=200)
+    clean = apex3('data', 'run', config(tmp_path, tmp_path/'clean', workers=2))
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    cfg = config(tmp_path, tmp_path/'out', workers=2)
+    p = subprocess.Popen([sys.executable, '-c', CLI, 'data', 'run', cfg], env=ENV, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    victim = busy_worker(p.pid, str(tmp_path/'out/work/s/01_*/.done/*.json'))
+    kids = descendants(p.pid)
+    os.kill(victim, signal.SIGKILL)
+    err = p.communicate(timeout=120)[1]
+    assert p.returncode == 2 and err.count('\n') == 1 and 'Traceback' not in err, err[-2000:]
+    assert re.fullmatch(rf'apex3 data: error: a pool worker \(pid {victim}\) was killed by SIGKILL while running task '
+                        r'shard-\d{5} of stage s:gopher_repetition\+redact; '
+                        r'finished tasks are kept: run again to resume\n',
+                        err), err
+    t0 = time.time()
+    while alive(kids) and time.time() - t0 < 5: time.sleep(0.1)  # the resource tracker ends just after the run
+    assert alive(kids) == []  # the other workers and the tracker ended with the run
+    done_before = len(list((tmp_path/'out/work/s').glob('01_*/.done/*.json')))
+    assert 1 <= done_before < 4
+    again = apex3('data', 'run', cfg)
+    assert again.returncode == 0, again.stderr[-2000:]
+    a, b = output_files(tmp_path/'clean'), output_files(tmp_path/'out')
+    assert sorted(a) == sorted(b) and all(a[k] == b[k] for k in a)  # no stale temporary file, nothing half-written

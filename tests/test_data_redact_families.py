@@ -4,8 +4,8 @@ import random, re
 from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
-from apex3.data.redact import (Redact, FAMILIES, FAMILY_RULES, SUITE_KINDS, PLACEHOLDER_RE, family_cases,
-                               replaced_whole, apply_rules, PHONE_RULES)
+from apex3.data.scrub import FAMILIES, FAMILY_RULES, PHONE_RULES, apply_rules
+from apex3.data.redact import Redact, SUITE_KINDS, PLACEHOLDER_RE, family_cases, replaced_whole
 
 STEP = Redact()
 CASES = family_cases(random.Random(7), rounds=1)

@@ -16,7 +16,8 @@ from .scrub import redacted_preview
 __all__ = ['PR_SET_PDEATHSIG', 'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes',
            'write_jsonl_zst', 'read_jsonl_zst', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage',
            'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs',
-           'MapStage', 'die_with_parent', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
+           'MapStage', 'remove_stale_temps', 'die_with_parent', 'WorkerDied', 'worker_died_line', 'LocalExecutor',
+           'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -208,7 +209,23 @@ class MapStage(Stage):
         return {**ctx.counts, **nbytes, 'docs_out': n}
 
 # %% ../../nbs/50_data.ipynb #347c30ae
-def _pending(stage): return [i for i in range(stage.n_tasks()) if not is_done(stage, i)]
+_TEMP_NAME = re.compile(r'\..+\.[a-z0-9_]{8}\.tmp')  # `atomic_write_bytes`' temporary files: `.NAME.XXXXXXXX.tmp`
+
+def remove_stale_temps(folder) -> int:
+    "Delete the temporary files a killed writer left under `folder` (their targets are rewritten whole); the count."
+    n = 0
+    for d, _, files in os.walk(folder):
+        for f in files:
+            if _TEMP_NAME.fullmatch(f):
+                Path(d, f).unlink(missing_ok=True)
+                n += 1
+    return n
+
+def _pending(stage) -> list:
+    "The unfinished tasks of `stage`, its folder cleared of what killed writers left there first."
+    todo = [i for i in range(stage.n_tasks()) if not is_done(stage, i)]
+    if todo and Path(stage.out).resolve() != Path.cwd(): remove_stale_temps(stage.out)
+    return todo
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -226,21 +243,68 @@ def die_with_parent(parent: int):
         threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     if os.getppid() != parent: os._exit(1)  # the parent died before the signal was armed
 
+class WorkerDied(RuntimeError):
+    "A pool worker ended abruptly (a signal, the out-of-memory killer) while a stage ran; the message is one line."
+
+_STARTED = None  # in a pool worker: the queue on which it tells the parent which task it starts
+
+def _worker_init(parent, started, die):
+    "Pool worker initializer: keep the queue of started tasks; with `die`, end when process `parent` ends."
+    global _STARTED
+    _STARTED = started
+    if die: die_with_parent(parent)
+
+def _run_and_report(stage, i):
+    "`run_task` in a pool worker, telling the parent first which task this process starts."
+    _STARTED.put((os.getpid(), stage.name, i))
+    return run_task(stage, i)
+
+def _how_it_ended(code) -> str:
+    import signal
+    if code is None or code >= 0: return f'exited with status {code}'
+    try: return f'was killed by {signal.Signals(-code).name}'
+    except ValueError: return f'was killed by signal {-code}'
+
+def worker_died_line(stage, exit_codes, started) -> str:
+    "One line for a broken pool: which worker ended how, running which task of `stage`, and that a rerun resumes."
+    import signal
+    # the pool itself ends the other workers with SIGTERM once one has died: the one that broke it ended otherwise
+    culprits = [(p, c) for p, c in exit_codes.items() if c not in (None, 0, -signal.SIGTERM)]
+    running = {p: i for p, (name, i) in started.items() if name == stage.name and not is_done(stage, i)}
+    tail = 'finished tasks are kept: run again to resume'
+    if not culprits:
+        names = ', '.join(stage.task_name(i) for i in sorted(running.values())) or 'none'
+        return f'a pool worker ended abruptly during stage {stage.name} (unfinished tasks: {names}); {tail}'
+    pid, code = culprits[0]
+    task = f'task {stage.task_name(running[pid])}' if pid in running else 'no task'
+    return f'a pool worker (pid {pid}) {_how_it_ended(code)} while running {task} of stage {stage.name}; {tail}'
+
 class LocalExecutor:
     "Run a stage's unfinished tasks on a local process pool (in-process when `workers == 1`), one pool for every stage."
     def __init__(self, workers=1, progress=True, workers_die_with_parent=True):
         self.workers, self.progress, self._pool, self.die = workers, progress, None, workers_die_with_parent
+        self._started, self._running = None, {}
     def pool(self):
         "The process pool, started on first use and kept for the next stages; its workers end when this process does."
         if self._pool is None:
             import concurrent.futures as cf, multiprocessing as mp
-            init = dict(initializer=die_with_parent, initargs=(os.getpid(),)) if self.die else {}
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context('spawn'), **init)
+            ctx = mp.get_context('spawn')
+            self._started, self._running = ctx.SimpleQueue(), {}
+            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_worker_init,
+                                                initargs=(os.getpid(), self._started, self.die))
         return self._pool
+    def _drain(self) -> dict:
+        "{worker pid: (stage name, task)} of the task each worker started last."
+        while self._started is not None and not self._started.empty():
+            pid, name, i = self._started.get()
+            self._running[pid] = (name, i)
+        return self._running
     def close(self):
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+            self._started.close()
+            self._started = None
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
     def run(self, stage) -> list:
@@ -255,10 +319,16 @@ class LocalExecutor:
                 bar.update()
         else:
             try:
-                for f in cf.as_completed([self.pool().submit(run_task, stage, i) for i in todo]):
+                for f in cf.as_completed([self.pool().submit(_run_and_report, stage, i) for i in todo]):
+                    self._drain()  # keeps the queue's pipe from filling
                     f.result()
                     bar.update()
-            except BaseException:  # a failed task (or a dead worker) must not leave a broken pool behind
+            except cf.process.BrokenProcessPool:
+                procs = dict(getattr(self._pool, '_processes', None) or {})  # gone once the pool is shut down
+                started = self._drain()
+                self.close()
+                raise WorkerDied(worker_died_line(stage, {p: x.exitcode for p, x in procs.items()}, started)) from None
+            except BaseException:  # a failed task must not leave a broken pool behind
                 self.close()
                 raise
         bar.close()

@@ -4,12 +4,14 @@
 
 # %% ../../nbs/5b_pipeline.ipynb #55f0d5c9
 from __future__ import annotations
-import errno, glob, inspect, json, math, os, re, sys, tempfile, time, tomllib
+import errno, glob, inspect, json, math, os, re, shutil, sys, tempfile, time, tomllib
+import zstandard
 from collections import Counter
 from pathlib import Path
 from ..usage import ArgParser, UsageError
-from .core import MapStage, LocalExecutor, RayExecutor, list_shards, read_docs, read_jsonl_zst, atomic_write_bytes
-from .ingest import Source, IngestStage
+from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, list_shards, read_docs, read_jsonl_zst,
+                             atomic_write_bytes)
+from .ingest import Source, IngestStage, open_binary
 from .clean import GopherQuality, GopherRepetition, C4Lines, FineWebQuality, CodeQuality
 from .decontaminate import Decontaminate, Benchmark, humaneval_prompts, jsonl_prompts
 from .dedup import dedup_stages
@@ -20,9 +22,10 @@ from .long import Long
 from .download import DownloadStage, run_downloads
 
 # %% auto #0
-__all__ = ['STEPS', 'KINDS', 'SCHEMA', 'SOURCE_KEYS', 'STAGE_HEADER', 'make_step', 'config_errors', 'load_config',
-           'source_stages', 'pipeline_stages', 'stage_row', 'run_pipeline', 'fs_error_line', 'check_writable',
-           'data_main', 'final_docs', 'all_rejects', 'output_files']
+__all__ = ['STEPS', 'KINDS', 'SCHEMA', 'SOURCE_KEYS', 'STAGE_HEADER', 'DEDUP_WORK_PER_BYTE', 'PACKED', 'ESTIMATE_MARGIN',
+           'make_step', 'config_errors', 'load_config', 'source_stages', 'pipeline_stages', 'stage_row', 'run_pipeline',
+           'bytes_per_token', 'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes', 'check_space', 'fs_error_line',
+           'check_writable', 'data_main', 'final_docs', 'all_rejects', 'output_files']
 
 # %% ../../nbs/5b_pipeline.ipynb #0c26d649
 def _decontaminate(policy='drop', n=13, humaneval=True, extra_jsonl=(), field='prompt'):
@@ -261,6 +264,76 @@ def run_pipeline(cfg, executor=None, log=print) -> list:
     atomic_write_bytes(Path(cfg['pipeline']['out'], 'markers.json'), json.dumps(recs).encode())
     return recs
 
+# %% ../../nbs/5b_pipeline.ipynb #dbb9377c
+DEDUP_WORK_PER_BYTE = 1.4                             # one 64-bit shingle hash per word of ~6 bytes, plus the bands
+PACKED = {'.gz': 4.0, '.zst': 4.0, '.parquet': 3.0}   # typical bytes of text per byte of a packed input file
+ESTIMATE_MARGIN = 1.5  # the lower figure is within this factor of the ingest copies written (measured below)
+
+def bytes_per_token(vocab_size) -> float:
+    "Typical bytes of text per token of a byte-level BPE of `vocab_size` on prose and code."
+    return 1.5 if vocab_size <= 1024 else 3.0 if vocab_size <= 16384 else 4.0
+
+def zstd_ratio(path, n=1 << 16):
+    "Compressed / plain size of the first `n` bytes of text of a (possibly packed) file; None if unreadable or empty."
+    try:
+        with open_binary(path) as f: head = f.read(n)
+    except (OSError, EOFError, zstandard.ZstdError): return None  # ingest will count the file as unreadable
+    return len(zstandard.ZstdCompressor(level=3).compress(head)) / len(head) if head else None
+
+def source_text(s, files_sampled=32) -> tuple:
+    "(bytes of text, zstd ratio) of a source's inputs: their sizes (packed ones scaled), the ratio of a sample."
+    files = [f for _, fs, _ in Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS}).units() for f in fs]
+    size = {f: os.path.getsize(f) * PACKED.get(Path(f).suffix, 1.0) for f in files}
+    step = max(1, len(files) // files_sampled)
+    sampled = files[::step][:files_sampled] if s['kind'] != 'parquet' else []
+    ratios = {f: r for f in sampled if (r := zstd_ratio(f)) is not None}
+    weight = sum(size[f] for f in ratios)  # each file's ratio counts by its size (a big junk file barely compresses)
+    return int(sum(size.values())), sum(size[f] * r for f, r in ratios.items()) / weight if weight else 0.4
+
+def run_estimate(cfg) -> tuple:
+    "({folder: bytes} of the ingest copies, {folder: bytes} of everything if every document is kept)."
+    out, tk = Path(cfg['pipeline']['out']), cfg.get('tokenize', {})
+    vocab = tk.get('vocab_size', 8192)
+    token_bytes = (2 if vocab <= 1 << 16 else 4) / bytes_per_token(vocab)
+    sure, full = Counter(), Counter()
+    for s in cfg['source']:
+        text, ratio = source_text(s)
+        st = s.get('stages', [])
+        chains = sum(x != 'dedup' and (k == 0 or st[k - 1] == 'dedup') for k, x in enumerate(st))
+        work = out/'work'/s['name']
+        done = len(glob.glob(str(work/'00_ingest'/'.done'/'*.json')))  # a resumed run rewrites no finished task
+        sure[work/'00_ingest'] += text * ratio * max(0, 1 - done / s.get('shards', 4))
+        full[work] += text * (ratio * (1 + chains + st.count('dedup')) + DEDUP_WORK_PER_BYTE * st.count('dedup'))
+        full[out/'tokens'/s['name']] += text * token_bytes
+        if cfg.get('long', {}).get('enabled', True): full[out/'tokens'/'long'] += text * token_bytes
+    return {k: int(v) for k, v in sure.items()}, {k: int(v) for k, v in full.items()}
+
+def tree_bytes(folder) -> int:
+    "Bytes of the files under `folder` (0 if it does not exist)."
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(folder) for f in fs)
+
+def _size(n) -> str:
+    for unit, k in (('GiB', 30), ('MiB', 20), ('KiB', 10)):
+        if n >= 1 << k: return f'{n / (1 << k):.1f} {unit}'
+    return f'{n} B'
+
+def check_space(cfg, free=None, warn=None) -> tuple:
+    "Refuse a run its output's file system clearly has no room for, warn when room is tight; (lower, upper) bytes."
+    out = Path(cfg['pipeline']['out'])
+    est_sure, est_full = run_estimate(cfg)
+    sure = sum(est_sure.values())
+    full = sum(max(0, b - tree_bytes(p)) for p, b in est_full.items())  # what earlier runs wrote counts
+    free = shutil.disk_usage(out).free if free is None else free
+    if free * ESTIMATE_MARGIN < sure:
+        raise UsageError(f'{out}: {_size(free)} free, but the ingest copies of the inputs alone take about '
+                         f'{_size(sure)} (about {_size(full)} if every document is kept): free some space or set '
+                         'pipeline.out elsewhere')
+    if free < full:
+        (warn or (lambda s: print(s, file=sys.stderr)))(
+            f'apex3 data: warning: {out}: {_size(free)} free; this run writes about {_size(full)} if every document '
+            f'is kept (at least {_size(sure)}): it may run out of space')
+    return sure, full
+
 # %% ../../nbs/5b_pipeline.ipynb #b0b6a5e1
 def _executor(a):
     if a.executor == 'ray': return RayExecutor(a.ray_address, a.workers)
@@ -293,9 +366,10 @@ def check_writable(folder):
         raise UsageError(f'cannot write to {folder}: {e.strerror} ({errno.errorcode.get(e.errno)})') from None
 
 def data_main(argv=()):
-    "apex3 data: run the pipeline (`run CONFIG`, `demo`, `corpus`) or one stage; a file-system failure is one line."
+    "apex3 data: run the pipeline (`run CONFIG`, `demo`, `corpus`) or one stage; a failure of the machine is one line."
     try: return _data_main(argv)
     except OSError as e: raise UsageError(fs_error_line(e)) from None
+    except WorkerDied as e: raise UsageError(str(e)) from None
 
 def _data_main(argv):
     p = ArgParser(prog='apex3 data', description='run the data pipeline or one stage')
@@ -321,6 +395,7 @@ def _data_main(argv):
         cfg = load_config(a.args[0])
         if a.workers: cfg['pipeline']['workers'] = a.workers
         check_writable(cfg['pipeline']['out'])
+        check_space(cfg)
         recs = run_pipeline(cfg, _executor(a) if a.executor == 'ray' else None)
         from apex3.data.stats import summary
         print(summary(cfg['pipeline']['out'], recs))

@@ -5,262 +5,24 @@
 # %% ../../nbs/55_redact.ipynb #0cc22cee
 from __future__ import annotations
 import base64, json, random, re
-from collections import Counter, namedtuple
+from collections import Counter
 from .core import Document, Step
-from .scrub import SECRET_PLUGINS, JWT_RE, PEM_RE, plain_value, replace_all, scrub
+from .scrub import SECRET_PLUGINS, FAMILY_RULES, FAMILIES, redacted_preview, scrub
 
 # %% auto #0
-__all__ = ['Rule', 'CLOUD', 'CODE_HOST', 'CHAT', 'PAYMENT', 'REGISTRY', 'SAAS', 'AUTH_HEADER', 'CONNECTION', 'JWT', 'PRIVATE_KEY',
-           'PHONE_INTL_RE', 'PHONE_NAMED_RE', 'PHONE', 'FAMILY_RULES', 'PHONE_RULES', 'FAMILIES', 'STEP_PLUGINS',
-           'SUITE_KINDS', 'PLACEHOLDER_RE', 'rule', 'vendor', 'pem_inside', 'basic_pair', 'tokenish', 'phone_shaped',
-           'placeholder', 'apply_rules', 'Redact', 'fake_secrets', 'secret_values', 'secret_cases', 'whole_replaced',
-           'suite_table', 'family_cases', 'replaced_whole', 'family_recall', 'detect_secrets_found', 'finds']
-
-# %% ../../nbs/55_redact.ipynb #9f6dac21
-Rule = namedtuple('Rule', 'family kind pattern group check hints fold')
-
-def rule(family, kind, regex, hints, group=0, check=None, fold=False) -> Rule:
-    "One pattern of a family; it runs only on text holding one of its literal `hints` (lower-cased text if `fold`)."
-    hints = (hints,) if isinstance(hints, str) else tuple(hints)
-    return Rule(family, kind, re.compile(regex), group, check, hints, fold)
-
-def _tok(n, between='-_') -> str:
-    "`n`+ letters or digits, `between` characters among them; a last `-`/`_` unless it opens a run (`__tok__`)."
-    return rf'(?:[{between}]*[A-Za-z0-9]){{{n},}}(?:[-_](?![-_*])|[-_](?=[_*]{{2}}(?![-_*])))?'
-
-_L, _R = r'(?<![A-Za-z0-9])', r'(?![A-Za-z0-9])'   # a token stands where no letter or digit touches it
-_ASSIGN_TO = r'[\w.-]{0,30}?["\'\]]{0,2}\s*(?:=>|:=|=|:)\s*(?:[rbuf]{1,2}(?=["\']))?["\'`]?'  # `_x = "`, `: `, `": "`
-_UUID = r'[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}'
-
-def vendor(names, value) -> str:
-    "A value of shape `value` assigned to a name holding one of `names` (case-blind); the value is group 1."
-    return rf'(?i:\b[\w.-]{{0,20}}?(?:{names})){_ASSIGN_TO}({value})(?![\w-])'
-
-def _unb64(s) -> bytes:
-    "The bytes base64 text decodes to (padded as needed), or none."
-    try: return base64.b64decode(s + '=' * (-len(s) % 4))
-    except ValueError: return b''
-
-def pem_inside(s) -> bool: return b'PRIVATE KEY' in _unb64(s)
-
-def basic_pair(s) -> bool:
-    "Does `s` decode from base64 to a printable `user:password`?"
-    try: t = _unb64(s).decode()
-    except UnicodeDecodeError: return False
-    return ':' in t and t.isprintable()
-
-def tokenish(s) -> bool:
-    "Letters and digits mixed, not a lower-case dotted name (`base64.b64decode`) nor a placeholder: not code."
-    return (any(c.isdigit() for c in s) and any(c.isalpha() for c in s) and plain_value(s)
-            and not re.fullmatch(r'[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+', s))
-
-# %% ../../nbs/55_redact.ipynb #5c56461c
-CLOUD = [
-    rule('cloud', 'AWS_ACCESS_KEY', rf'{_L}(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{{16}}{_R}',
-         ('AKIA', 'ASIA', 'ABIA', 'ACCA', 'A3T')),
-    rule('cloud', 'AWS_BEDROCK_KEY', rf'{_L}ABSK[A-Za-z0-9+/]{{109,269}}={{0,2}}', 'ABSK'),
-    rule('cloud', 'GOOGLE_API_KEY', r'(?<![A-Za-z0-9-])AIza[\w-]{35}(?![A-Za-z0-9-]|_(?!_))', 'AIza'),
-    rule('cloud', 'GOOGLE_OAUTH', rf'{_L}(?:GOCSPX-[\w-]{{28}}|ya29\.{_tok(30)})', ('GOCSPX-', 'ya29.')),
-    rule('cloud', 'AZURE_STORAGE_KEY', r'(?:AccountKey|SharedAccessKey|AccessKey)=([A-Za-z0-9+/]{40,88}={0,2})',
-         'Key=', group=1),
-    rule('cloud', 'AZURE_SAS', r'[?&]sig=([\w%+/-]{30,}(?:%3[Dd]|=){0,2})', 'sig=', group=1),
-    rule('cloud', 'AZURE_AD_CLIENT_SECRET',
-         r'(?<![A-Za-z0-9~.-])[A-Za-z0-9_~.]{3}\dQ~[A-Za-z0-9_~.-]{31,34}(?![A-Za-z0-9~-]|_(?!_))', 'Q~'),
-    rule('cloud', 'DIGITALOCEAN_TOKEN', rf'{_L}do[opr]_v1_[a-f0-9]{{64}}', '_v1_'),
-    rule('cloud', 'ALIBABA_ACCESS_KEY', rf'{_L}LTAI[A-Za-z0-9]{{12,20}}{_R}', 'LTAI'),
-    rule('cloud', 'ALIBABA_SECRET_KEY', vendor('alibaba|aliyun|alicloud', '[A-Za-z0-9]{30}'),
-         ('alibaba', 'aliyun', 'alicloud'), 1, fold=True),
-    rule('cloud', 'HEROKU_API_KEY', rf'{_L}HRKU-AA[\w-]{{58}}', 'HRKU-'),
-    rule('cloud', 'HEROKU_API_KEY', vendor('heroku', _UUID), 'heroku', 1, fold=True),
-    rule('cloud', 'DATABRICKS_TOKEN', rf'{_L}dapi[a-f0-9]{{32}}(?:-\d)?', 'dapi'),
-    rule('cloud', 'VAULT_TOKEN', rf'{_L}hv[sb]\.{_tok(80)}', ('hvs.', 'hvb.')),
-    rule('cloud', 'TERRAFORM_TOKEN', rf'{_L}[A-Za-z0-9]{{14}}\.atlasv1\.[\w=-]{{60,70}}', 'atlasv1'),
-    rule('cloud', 'DOPPLER_TOKEN', rf'{_L}dp\.(?:pt|st|sa|ct|scim|audit)\.[A-Za-z0-9]{{40,44}}', 'dp.'),
-    rule('cloud', 'PULUMI_TOKEN', rf'{_L}pul-[a-f0-9]{{40}}', 'pul-'),
-    rule('cloud', 'CLOUDFLARE_ORIGIN_CA_KEY', rf'{_L}v1\.0-[a-f0-9]{{24}}-[a-f0-9]{{146}}', 'v1.0-'),
-    rule('cloud', 'FLYIO_TOKEN', rf'{_L}(?:fo1_[\w-]{{43}}|fm[12][ar]?_[A-Za-z0-9+/]{{100,}}={{0,3}})',
-         ('fo1_', 'fm1', 'fm2')),
-]
-
-_GITLAB_HINTS = tuple(f'gl{p}-' for p in ('pat', 'dt', 'rt', 'ft', 'soat', 'ffct', 'oas', 'cbt', 'imt', 'agent', 'ptt'))
-_GITLAB_HINTS += ('GR1348941',)
-CODE_HOST = [
-    rule('code_host', 'GITHUB_TOKEN', rf'{_L}gh[pousr]_[A-Za-z0-9]{{36,251}}{_R}',
-         ('ghp_', 'gho_', 'ghu_', 'ghs_', 'ghr_')),
-    rule('code_host', 'GITHUB_FINE_GRAINED_TOKEN', rf'{_L}github_pat_\w{{82}}', 'github_pat_'),
-    rule('code_host', 'GITLAB_TOKEN', rf'{_L}(?:gl(?:pat|dt|rt|ft|soat|ffct|oas|cbt|imt|agent|ptt)-|GR1348941)'
-                                      rf'{_tok(16)}(?:\.{_tok(1)})*', _GITLAB_HINTS),
-    rule('code_host', 'GITLAB_TOKEN', r'_gitlab_session=([0-9a-z]{32})', '_gitlab_session=', 1),
-    rule('code_host', 'ATLASSIAN_TOKEN', rf'{_L}(?:ATATT3|ATCTT3|ATBB){_tok(24, "-_=")}={{0,2}}',
-         ('ATATT3', 'ATCTT3', 'ATBB')),
-    rule('code_host', 'BITBUCKET_SECRET', vendor('bitbucket', '[A-Za-z0-9_=-]{32,64}'), 'bitbucket', 1, fold=True),
-]
-
-# %% ../../nbs/55_redact.ipynb #84c922c6
-CHAT = [
-    rule('chat', 'SLACK_TOKEN', rf'{_L}(?:xox[abposre]|xoxe\.xox[bp]|xapp)-[A-Za-z0-9-]*[A-Za-z0-9]', ('xox', 'xapp-')),
-    rule('chat', 'SLACK_WEBHOOK', r'(?:https?://)?hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9+/]{20,}',
-         'hooks.slack.com'),
-    rule('chat', 'DISCORD_WEBHOOK',
-         r'https?://(?:(?:ptb|canary)\.)?discord(?:app)?\.com/api/webhooks/\d{17,20}/[\w-]{60,68}', 'discord'),
-    rule('chat', 'TELEGRAM_BOT_TOKEN', r'(?<![\w:])\d{8,10}:AA[\w-]{33}(?![\w-])', ':AA'),
-    rule('chat', 'TEAMS_WEBHOOK', r'https://[\w-]+\.webhook\.office\.com/webhookb2/[\w-]+@[\w-]+/IncomingWebhook/'
-                                  rf'[A-Za-z0-9]{{32}}/{_tok(8)}(?:/{_tok(8)})?', 'webhookb2'),
-    rule('chat', 'TEAMS_WEBHOOK', r'https://outlook\.office\.com/webhook/[\w-]+@[\w-]+/IncomingWebhook/[A-Za-z0-9]{32}'
-                                  rf'/{_tok(8)}', 'IncomingWebhook'),
-]
-
-PAYMENT = [
-    rule('payment', 'STRIPE_KEY',
-         rf'{_L}(?:(?:sk|rk)_(?:live|test|prod)_[A-Za-z0-9]{{10,247}}|whsec_[A-Za-z0-9]{{32,}})',
-         ('sk_', 'rk_', 'whsec_')),
-    rule('payment', 'SQUARE_TOKEN', rf'{_L}(?:sq0atp-[\w-]{{22}}|sq0csp-[\w-]{{43}}|EAAA[\w-]{{60}})', ('sq0', 'EAAA')),
-    rule('payment', 'BRAINTREE_TOKEN', r'access_token\$(?:production|sandbox)\$[0-9a-z]{16}\$[0-9a-f]{32}',
-         'access_token$'),
-    rule('payment', 'PAYPAL_SECRET', vendor('paypal', r'[\w-]{60,90}'), 'paypal', 1, fold=True),
-    rule('payment', 'FLUTTERWAVE_KEY', rf'{_L}FLWSECK(?:_TEST)?-[a-h0-9]{{32}}-X', 'FLWSECK'),
-    rule('payment', 'PLAID_TOKEN', rf'{_L}access-(?:sandbox|development|production)-{_UUID}', 'access-'),
-    rule('payment', 'SHOPIFY_TOKEN', rf'{_L}shp(?:at|ss|ca|pa)_[a-fA-F0-9]{{32}}', 'shp'),
-]
-
-REGISTRY = [
-    rule('registry', 'NPM_TOKEN', rf'{_L}npm_[A-Za-z0-9]{{36}}{_R}', 'npm_'),
-    rule('registry', 'NPM_TOKEN',  # a line of .npmrc
-         r'(?m:^|(?<=:))(?:_authToken|_auth|_password)\s*=\s*["\']?([A-Za-z0-9+/=_.-]{8,})', '_auth', 1),
-    rule('registry', 'PYPI_TOKEN', rf'{_L}pypi-AgE{_tok(45)}', 'pypi-'),
-    rule('registry', 'RUBYGEMS_TOKEN', rf'{_L}rubygems_[a-f0-9]{{48}}', 'rubygems_'),
-    rule('registry', 'NUGET_KEY', rf'{_L}oy2[a-z0-9]{{43}}{_R}', 'oy2'),
-    rule('registry', 'NUGET_KEY', r'(?i:<add\s+key="(?:ClearText)?Password"\s+value=")([^"]{4,})"', 'password', 1,
-         fold=True),
-    rule('registry', 'DOCKER_TOKEN', rf'{_L}dckr_(?:pat|oat)_{_tok(22)}', 'dckr_'),
-    rule('registry', 'ARTIFACTORY_TOKEN', rf'{_L}(?:AKCp[A-Za-z0-9]{{69}}|cmVmdGtuOjAxOj[A-Za-z0-9]{{40,}})',
-         ('AKCp', 'cmVmd')),
-    rule('registry', 'CLOJARS_TOKEN', rf'{_L}CLOJARS_[a-z0-9]{{60}}', 'CLOJARS_'),
-    rule('registry', 'CRATES_TOKEN', rf'{_L}cio[A-Za-z0-9]{{32}}{_R}', 'cio'),
-    rule('registry', 'REGISTRY_PASSWORD', r'<password>([^<\s]{4,})</password>', '<password>', 1, plain_value),
-]
-
-SAAS = [
-    rule('saas', 'OPENAI_KEY', rf'{_L}sk-(?:(?:proj|svcacct|admin)-)?[\w-]{{20,80}}T3BlbkFJ{_tok(18)}', 'T3BlbkFJ'),
-    rule('saas', 'ANTHROPIC_KEY', rf'{_L}sk-ant-(?:api|admin)\d\d-[\w-]{{93}}AA', 'sk-ant-'),
-    rule('saas', 'HUGGINGFACE_TOKEN', rf'{_L}(?:hf_|api_org_)[A-Za-z]{{34}}{_R}', ('hf_', 'api_org_')),
-    rule('saas', 'SENDGRID_KEY', rf'{_L}SG\.[\w-]{{22}}\.[\w-]{{43}}', 'SG.'),
-    rule('saas', 'MAILGUN_KEY', rf'{_L}key-[0-9a-f]{{32}}{_R}', 'key-'),
-    rule('saas', 'TWILIO_KEY', rf'{_L}SK[0-9a-fA-F]{{32}}{_R}', 'SK'),
-    rule('saas', 'LINEAR_KEY', rf'{_L}lin_api_[A-Za-z0-9]{{40}}', 'lin_api_'),
-    rule('saas', 'NOTION_TOKEN', rf'{_L}(?:ntn_\d{{11}}[A-Za-z0-9]{{35}}|secret_[A-Za-z0-9]{{43}}{_R})',
-         ('ntn_', 'secret_')),
-    rule('saas', 'POSTMAN_KEY', rf'{_L}PMAK-[a-f0-9]{{24}}-[a-f0-9]{{34}}', 'PMAK-'),
-    rule('saas', 'SENTRY_TOKEN', rf'{_L}sntry[us]_[A-Za-z0-9+/=_]{{40,}}', 'sntry'),
-    rule('saas', 'GRAFANA_TOKEN',
-         rf'{_L}(?:glc_[A-Za-z0-9+/]{{32,400}}={{0,3}}|glsa_[A-Za-z0-9]{{32}}_[A-Fa-f0-9]{{8}})', ('glc_', 'glsa_')),
-    rule('saas', 'DYNATRACE_TOKEN', rf'{_L}dt0c01\.[A-Za-z0-9]{{24}}\.[A-Za-z0-9]{{64}}', 'dt0c01.'),
-    rule('saas', 'PERPLEXITY_KEY', rf'{_L}pplx-[A-Za-z0-9]{{48}}', 'pplx-'),
-]
-
-# %% ../../nbs/55_redact.ipynb #4a6446fb
-_SCHEME = r'(?:(?i:basic|bearer|token|apikey|api-key|sso-key|key|otoken|jwt)\s+)?'
-AUTH_HEADER = [
-    rule('auth_header', 'AUTH_HEADER', r'(?i:\b(?:proxy-)?authorization)["\'\]]{0,2}\s*[:=,]\s*["\'(]?' + _SCHEME +
-         r'([A-Za-z0-9._~+/-]{8,}=*)', 'authorization', 1, tokenish, fold=True),
-    rule('auth_header', 'BASIC_AUTH', r'\b(?i:basic)\s+([A-Za-z0-9+/]{6,}={0,2})(?![\w+/=])', ('basic ', 'basic\t'), 1,
-         basic_pair, fold=True),
-    rule('auth_header', 'BEARER_TOKEN', r'\b(?i:bearer)\s+([A-Za-z0-9._~+/-]{16,}=*)', 'bearer', 1, tokenish,
-         fold=True),
-    rule('auth_header', 'API_KEY_HEADER', r'(?i:\b(?:x-api-key|api-key|x-auth-token|x-access-token|private-token|'
-         r'x-goog-api-key|ocp-apim-subscription-key|x-functions-key))["\']?\s*[:=,]\s*["\']?([A-Za-z0-9._~+/=-]{16,})',
-         ('api-key', 'auth-token', 'access-token', 'private-token', 'subscription-key', 'functions-key'), 1, tokenish,
-         fold=True),
-    rule('auth_header', 'BASIC_AUTH', r'\bcurl\b[^\n]*?\s(?:-u|--user)[ =]["\']?[^\s:"\']+:([^\s"\']{3,})', 'curl', 1),
-]
-
-CONNECTION = [
-    rule('connection', 'URL_PASSWORD', r'://(?<=[A-Za-z0-9+.-]://)[^\s:/@"\'<>]*:'  # `://` first: a fast scan
-         r'([^\s@/"\'<>]{1,200})@(?=[\w.\[-])', '://', 1, plain_value),
-    rule('connection', 'CONNECTION_PASSWORD', r'(?i:(?:server|data source|host|address|addr|user id|uid|user|username'
-         r'|database|initial catalog|port|accountname)\s*=[^;\n"\']{1,100};[^\n"\']{0,200}?\b(?:password|pwd)\s*=\s*)'
-         r'([^;"\'\n]{1,128})', ('password=', 'pwd=', 'password =', 'pwd ='), 1, plain_value, fold=True),
-    rule('connection', 'URL_PASSWORD', r'[?&](?i:password|passwd|pwd|pass|secret|client_secret|access_token|'
-         r'refresh_token|api_key|apikey|auth_token|token)=([^&\s"\'#<>]{6,})', ('pass', 'pwd', 'secret', 'token',
-         'api_key', 'apikey'), 1, plain_value, fold=True),
-]
-
-JWT = [rule('jwt', 'JSON_WEB_TOKEN', JWT_RE, 'eyJ')]
-
-# %% ../../nbs/55_redact.ipynb #f5e7a08e
-_B64L = r'[A-Za-z0-9+/]'
-PRIVATE_KEY = [
-    rule('private_key', 'PRIVATE_KEY', PEM_RE, '-----BEGIN'),
-    rule('private_key', 'PRIVATE_KEY', r'-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----'  # cut off before its END
-         r'(?:(?:\\[rn]|[\s"\'+,])+(?:[A-Z][\w-]*: [^\n\\"]*|[A-Za-z0-9+/=]{16,}'
-         r'|[A-Za-z0-9+/=]{4,15}(?=\\[rn]|\r?\n|$)))+', '-----BEGIN'),
-    rule('private_key', 'PRIVATE_KEY', rf'(?<![A-Za-z0-9+/])LS0tLS1CRUdJTi{_B64L}{{40,}}={{0,2}}', 'LS0tLS1CRUdJTi',
-         check=pem_inside),
-    rule('private_key', 'PRIVATE_KEY', rf'(?<![A-Za-z0-9+/])(?:MII{_B64L}{{5}}(?:ADANBgkqhkiG9w0BAQEFAASC|AAKC|'
-         rf'BgkqhkiG9w0BBQ0w)|MI{_B64L}{{6}}MB{_B64L}GByqGSM49AgEG|MHcCAQEE|MIGkAgEBBD|MC4CAQAwBQYDK2Vw|'
-         rf'b3BlbnNzaC1rZXktdjE){_B64L}{{20,}}={{0,2}}',
-         ('MII', 'GByqGSM49', 'MHcCAQEE', 'MIGkAgEBBD', 'MC4CAQAwBQYDK2Vw', 'b3BlbnNzaC1rZXktdjE')),
-    rule('private_key', 'PRIVATE_KEY', r'Private-Lines: \d+(?:\r?\n[A-Za-z0-9+/=]{4,}(?![\w-]))+'
-         r'(?:\r?\nPrivate-(?:MAC|Hash): [0-9a-f]+)?', 'Private-Lines:'),
-    rule('private_key', 'PRIVATE_KEY', r'AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}', 'AGE-SECRET-KEY-1'),
-    rule('private_key', 'PRIVATE_KEY', r'\{(?=[^{}]*"kty")(?=[^{}]*"d"\s*:)[^{}]*\}', '"kty"'),  # a private JWK
-]
-
-# %% ../../nbs/55_redact.ipynb #e248e821
-_GROUP = r'(?:\(\d{1,4}\)|\d{1,8})'
-PHONE_INTL_RE = re.compile(r'(?<![\w+*/=<>%^&|.\])}-])(\(?\+\d{1,3}\)?(?:[ .-]?' + _GROUP + r'){1,7})(?![\w+]|[.,-]\d)')
-PHONE_NAMED_RE = re.compile(r'(?i:\b(?:phone|tel|telephone|mobile|mob|cell|fax|whatsapp|sms)\b\.?'
-                            r'(?:\s*(?:no\.?|number|#))?'
-                            r'(?:\s*[:=#]\s*|\s+))(\(?\+?\d[\d ().-]{5,22}\d)(?![\w+]|[.,-]\d)')
-
-def phone_shaped(s) -> bool:
-    "8 to 15 digits (a trunk `(0)` aside), and dot-separated groups only of 2 to 4 digits (not a decimal number)."
-    digits = re.sub(r'\D', '', s.replace('(0)', ''))
-    groups = re.split(r'[ .()-]+', s.strip('+() '))
-    if '.' in s and not all(2 <= len(g) <= 4 for g in groups[1:]): return False
-    if not re.search(r'[ .()-]', s.lstrip('+')) and len(digits) < 10: return False  # run of digits: E.164 whole
-    return 8 <= len(digits) <= 15
-
-PHONE = [rule('phone', 'PHONE', PHONE_INTL_RE, '+', 1, phone_shaped),
-         rule('phone', 'PHONE', PHONE_NAMED_RE,
-              ('phone', 'tel:', 'tel.', 'tel ', 'mobile', 'mob', 'cell', 'fax', 'whatsapp', 'sms'),
-              1, phone_shaped, fold=True)]
+__all__ = ['SUITE_KINDS', 'PLACEHOLDER_RE', 'Redact', 'fake_secrets', 'secret_values', 'secret_cases', 'whole_replaced',
+           'suite_table', 'family_cases', 'replaced_whole', 'family_recall', 'detect_secrets_found', 'leaks', 'finds']
 
 # %% ../../nbs/55_redact.ipynb #9668e7a8
-# private keys first (their bodies hold any shape), the generic shapes (headers, URLs) after the fixed-prefix tokens
-FAMILY_RULES = tuple(PRIVATE_KEY + CLOUD + CODE_HOST + CHAT + PAYMENT + REGISTRY + SAAS + AUTH_HEADER + CONNECTION
-                     + JWT)
-PHONE_RULES = tuple(PHONE)
-FAMILIES = ('cloud', 'code_host', 'chat', 'payment', 'registry', 'auth_header', 'connection', 'jwt', 'private_key',
-            'saas', 'phone')
-
-def placeholder(r) -> str: return '<PHONE>' if r.family == 'phone' else f'<SECRET_{r.kind}>'
-
-def apply_rules(text, rules, counts) -> str:
-    "`text` with each rule's finds replaced by its placeholder, in order; a rule runs only where a hint occurs."
-    low = None
-    for r in rules:
-        if r.fold: low = text.lower() if low is None else low
-        hay = low if r.fold else text
-        if not any(h in hay for h in r.hints): continue
-        text, n = replace_all(text, r.pattern, placeholder(r), r.group, r.check)
-        if n: counts[r.kind] += n; low = None
-    return text
-
-# detect-secrets' basic-auth pattern would find a URL's placeholder again; URL_PASSWORD finds those passwords
-STEP_PLUGINS = tuple(p for p in SECRET_PLUGINS if p != 'BasicAuthDetector')
-
 class Redact(Step):
     "Replace credentials of every family, private keys, emails, public IPs and phone numbers by typed placeholders."
     name = 'redact'
-    def __init__(self, emails=True, ips=True, secrets=True, phones=True, plugins=STEP_PLUGINS, rules=FAMILY_RULES):
+    def __init__(self, emails=True, ips=True, secrets=True, phones=True, plugins=SECRET_PLUGINS, rules=FAMILY_RULES):
         self.emails, self.ips, self.secrets, self.phones, self.plugins = emails, ips, secrets, phones, tuple(plugins)
         self.rules = tuple(rules)
     def setup(self, ctx): self.ctx = ctx
     def redact(self, text, counts) -> str:
-        if self.secrets: text = apply_rules(text, self.rules, counts)
-        text = scrub(text, counts, self.secrets, self.emails, self.ips, self.plugins)
-        return apply_rules(text, PHONE_RULES, counts) if self.phones else text
+        return scrub(text, counts, self.secrets, self.emails, self.ips, self.phones, self.plugins, self.rules)
     def keep(self, doc):
         c = Counter()
         t = self.redact(doc.text, c)
@@ -603,6 +365,17 @@ def detect_secrets_found(cases) -> list:
         for _, s in sc: by_line.setdefault(s.line_number, []).append(s.secret_value or '')
     return [any(_overlaps(v, c['secret']) for ln in range(a, b) for v in by_line.get(ln, ()))
             for (a, b), c in zip(spans, cases)]
+
+# %% ../../nbs/55_redact.ipynb #5fef63ff
+_CUT_PLACEHOLDER = re.compile(r'<(?:SECRET_[A-Z0-9_]*|E(?:M(?:A(?:IL?)?)?)?|P(?:H(?:O(?:NE?)?)?)?'
+                              r'|I(?:P(?:_[A-Z]*)?)?)$')  # the start of a placeholder, at the end
+
+def leaks(case, text, k=8) -> bool:
+    "Does `text` (its placeholders aside) hold `k` consecutive characters of the secret that its context does not?"
+    text = _CUT_PLACEHOLDER.sub('', PLACEHOLDER_RE.sub('\0', text))  # a preview may end inside a placeholder
+    s, around = case['secret'], case['prefix'] + case['suffix']
+    k = min(k, len(s))
+    return any(s[i:i + k] in text and s[i:i + k] not in around for i in range(len(s) - k + 1))
 
 # %% ../../nbs/55_redact.ipynb #e5618ad8
 def finds(text, width=30, redact=None) -> list:

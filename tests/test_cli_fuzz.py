@@ -126,7 +126,8 @@ def baseline(parser, path=()):
     pos = [_placeholder(a) for a in parser._actions if not a.option_strings and a.nargs not in ('*', '?', '...')]
     grouped = {id(a) for g in _required_groups(parser) for a in g._group_actions}
     opts = [[a.option_strings[-1], _placeholder(a)] for a in _flags(parser) if a.required and id(a) not in grouped]
-    opts += [[g._group_actions[0].option_strings[-1], _placeholder(g._group_actions[0])] for g in _required_groups(parser)]
+    firsts = [g._group_actions[0] for g in _required_groups(parser)]   # one of each required either-or
+    opts += [[a.option_strings[-1], _placeholder(a)] for a in firsts]
     return pos + [x for o in opts for x in o]
 
 # --- bad values ------------------------------------------------------------------------------------------------
@@ -274,4 +275,5 @@ if __name__ == '__main__':   # every failing (command, flag, class), for a repor
                 rc, out, err = run_inprocess(argv, seconds=8)
                 lines = err.strip().splitlines()
                 if not (rc == 2 and len(lines) == 1 and 'Traceback' not in err):
-                    print(f'apex3 {shlex.join(argv)}\t{rc!r}\t{len(lines)} lines\t{(lines or [""])[-1][:160]}', flush=True)
+                    last = (lines or [''])[-1][:160]
+                    print(f'apex3 {shlex.join(argv)}\t{rc!r}\t{len(lines)} lines\t{last}', flush=True)

@@ -6,9 +6,7 @@
 __all__ = ['load_for_generation', 'stream_text', 'generate_parser', 'generate_main']
 
 # %% ../nbs/73_generate_cli.ipynb #a7e58443
-import torch
-from .generate import Generator, Sampling, quantize_int8
-from .usage import ArgParser, UsageError, run_command
+from .usage import ArgParser, UsageError, in_range, run_command
 
 # %% ../nbs/73_generate_cli.ipynb #509cdb6e
 def load_for_generation(ckpt, tokenizer=None, device='cpu'):
@@ -45,22 +43,32 @@ def generate_parser():
     p = ArgParser(prog='apex3 generate', description='Continue a prompt with a trained checkpoint, streamed to stdout.')
     p.add_argument('ckpt', help="a checkpoint directory (tokens-...), or a run's --ckpt-dir for its latest checkpoint")
     p.add_argument('--prompt', required=True, help='the text to continue')
-    p.add_argument('--max-new', type=int, default=64, help='tokens to generate at most (EOS ends sooner)')
-    p.add_argument('--temperature', type=float, default=0.0, help='0: greedy')
-    p.add_argument('--top-k', type=int, default=None)
-    p.add_argument('--top-p', type=float, default=None)
-    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--max-new', type=in_range(int, 1, 1_000_000), default=64,
+                   help='tokens to generate at most (EOS ends sooner)')
+    p.add_argument('--temperature', type=in_range(float, 0, 100), default=0.0, help='0: greedy')
+    p.add_argument('--top-k', type=in_range(int, 1), default=None)
+    p.add_argument('--top-p', type=in_range(float, 0, 1, low_open=True), default=None)
+    p.add_argument('--seed', type=in_range(int, 0, 2**63 - 1), default=0)
     p.add_argument('--tokenizer', default=None, help="tokenizer file, where the checkpoint's data meta names none")
     p.add_argument('--device', default='cpu')
     p.add_argument('--compile', action='store_true', help='compile the decode step (pays off for long generations)')
     p.add_argument('--int8', action='store_true', help="int8 weights, a scale per row: a quarter of fp32's bytes (CPU)")
     return p
 
+def _device(name):
+    "The torch device `name` (cpu or cuda) if this machine has it, else a UsageError."
+    import torch
+    try: d = torch.device(name)
+    except RuntimeError as e: raise UsageError(f'--device {name!r}: {e}') from None
+    if d.type not in ('cpu', 'cuda'): raise UsageError(f'--device {name!r}: generation runs on cpu or cuda')
+    if d.type == 'cuda' and not torch.cuda.is_available(): raise UsageError(f'--device {name}: no CUDA device here')
+    return d
+
 def _generate(argv):
     import sys
-    a = generate_parser().parse_args(argv)
-    if a.max_new < 1: raise UsageError(f'--max-new must be >= 1, not {a.max_new}')
-    if a.int8 and torch.device(a.device).type != 'cpu':
+    a = generate_parser().parse_args(argv)   # before torch loads: a bad flag costs no import
+    from apex3.generate import Generator, Sampling, quantize_int8
+    if _device(a.device).type != 'cpu' and a.int8:
         raise UsageError(f'--int8 is the CPU decode path; on {a.device} decode the checkpoint weights (drop --int8)')
     sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed)
     model, tok = load_for_generation(a.ckpt, a.tokenizer, a.device)

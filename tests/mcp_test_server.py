@@ -34,8 +34,12 @@ def hang(seconds: float = 3600) -> str:
 if __name__ == '__main__':
     p = argparse.ArgumentParser()
     p.add_argument('--port', type=int)
-    p.add_argument('--mode', choices=['ok', 'garbage', 'silent'], default='ok')
+    p.add_argument('--mode', choices=['ok', 'garbage', 'silent', 'exit'], default='ok')
     a = p.parse_args()
+    if a.mode == 'exit':  # fails at start, saying why on stderr, as a server missing its configuration does
+        print('reading settings from the environment', file=sys.stderr)
+        print('fatal: TEST_SERVER_KEY is not set', file=sys.stderr)
+        sys.exit(3)
     if a.mode == 'garbage':  # a process that answers anything with noise on stdout
         for line in sys.stdin: print('this is not JSON-RPC {{{', flush=True)
     elif a.mode == 'silent': time.sleep(3600)  # starts, never answers the handshake

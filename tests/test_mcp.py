@@ -4,7 +4,10 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 import pytest
 from apex3.usage import run_command
-from apex3.agent.mcp import GRACE_S, MCPToolError, call_main, call_tool, list_tools, mcp_tool_specs, tools_main
+import apex3.agent.mcp as mcp_mod
+from apex3.agent.mcp import (GRACE_S, MCPStartError, MCPToolError, call_main, call_tool, list_tools, mcp_tool_specs,
+                             tools_main)
+from apex3.agent.tools import Tool
 
 SERVER = [sys.executable, str(Path(__file__).with_name('mcp_test_server.py'))]
 
@@ -85,3 +88,39 @@ def test_cli():
                 (tools_main, '--mcp', cmd, '--mcp-url', 'http://127.0.0.1:1/mcp'), (call_main, '--mcp', cmd)]:
         rc, out, err = _cli(*bad)
         assert rc == 2 and len(err.strip().splitlines()) == 1, (bad, err)
+
+def _one_line(rc, err, want_rc):
+    assert rc == want_rc and len(err.strip().splitlines()) == 1 and 'Traceback' not in err, (rc, err)
+    return err.strip()
+
+def test_call_checks_arguments_against_the_schema():
+    "`apex3 agent call` refuses what the tool's schema refuses, with the loop's own words, before the call."
+    cmd = ' '.join(SERVER)
+    add = {s['name']: s for s in list_tools(SERVER)}['add']
+    for bad in ({'a': 1}, {'a': 'x', 'b': 2}, {'a': 1, 'b': 2.5}):
+        rc, out, err = _cli(call_main, '--mcp', cmd, 'add', json.dumps(bad))
+        want = Tool.from_spec(dict(add, call=None)).invalid(bad)   # the check the agent loop makes
+        assert want and _one_line(rc, err, 2) == f'apex3 agent: error: {want}', (bad, err)
+        with pytest.raises(MCPToolError, match='validation error'):   # control: unchecked, the server refuses
+            call_tool('add', bad, SERVER)
+    assert _cli(call_main, '--mcp', cmd, 'add', '{"a": 2, "b": 3}')[:2] == (0, '5\n')
+    assert 'has no tool' in _one_line(*_cli(call_main, '--mcp', cmd, 'nope')[::2], 2)
+
+def test_a_server_that_exits_at_start():
+    "Its exit status and its last words, as one line and status 2; the shim is what makes the status known."
+    cmd = ' '.join(SERVER + ['--mode', 'exit'])
+    for fn, argv in ((call_main, ['add', '{"a": 1, "b": 2}']), (tools_main, [])):
+        rc, out, err = _cli(fn, '--mcp', cmd, *argv)
+        line = _one_line(rc, err, 2)
+        assert 'the server exited with status 3 before it answered' in line, line
+        assert line.endswith('its stderr ends: reading settings from the environment | '
+                             'fatal: TEST_SERVER_KEY is not set'), line
+    with pytest.raises(MCPStartError): call_tool('add', dict(a=1, b=2), SERVER + ['--mode', 'exit'])
+    crash = _cli(call_main, '--mcp', ' '.join(SERVER), 'crash')   # exiting mid-call is the tool failing: status 1
+    assert 'exited with status 3 while it was answering' in _one_line(crash[0], crash[2], 1)
+
+def test_without_the_shim_the_exit_is_only_a_closed_connection(monkeypatch):
+    "The control: the SDK alone reports a server that exits at start as a closed connection, with no status."
+    monkeypatch.setattr(mcp_mod, '_under_shim', lambda target, status_path: target)
+    with pytest.raises(MCPToolError) as e: call_tool('add', dict(a=1, b=2), SERVER + ['--mode', 'exit'])
+    assert 'Connection closed' in str(e.value) and 'status' not in str(e.value) and type(e.value) is MCPToolError

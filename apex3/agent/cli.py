@@ -6,7 +6,7 @@
 __all__ = ['AGENT_COMMANDS', 'agent_main']
 
 # %% ../../nbs/67_agent_cli.ipynb #91bc4447
-from ..usage import UsageError, commands_usage, load_target
+from ..usage import UsageError, commands_usage, load_target, run_command
 
 # %% ../../nbs/67_agent_cli.ipynb #943628b4
 AGENT_COMMANDS = {
@@ -26,4 +26,5 @@ def agent_main(argv=()):
         return 0
     if argv[0] not in AGENT_COMMANDS:
         raise UsageError(f"unknown agent command {argv[0]!r} (choose from {', '.join(AGENT_COMMANDS)})")
-    return load_target(AGENT_COMMANDS[argv[0]][0])(argv[1:])
+    fn = load_target(AGENT_COMMANDS[argv[0]][0])
+    return run_command(f'agent {argv[0]}', fn, argv[1:])   # its errors name it: `apex3 agent call: error: ...`

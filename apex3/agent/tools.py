@@ -191,11 +191,15 @@ class Tool:
         "From `dict(name=, description=, parameters=, call=callable(args) -> str)` (e.g. an MCP server's tool)."
         return cls(spec['name'], spec.get('description', ''), spec.get('parameters') or {'type': 'object'},
                    spec['call'], spec.get('timeout', timeout))
-    def call(self, args) -> str:
+    def invalid(self, args) -> str:
+        "What is wrong with `args` against the schema, as one line; '' when they fit."
         errors = sorted(self.validator.iter_errors(args), key=lambda e: list(e.absolute_path))
-        if errors:
-            where = '/'.join(map(str, errors[0].absolute_path)) or 'arguments'
-            return f'error: invalid arguments for {self.name}: {where}: {errors[0].message}'
+        if not errors: return ''
+        where = '/'.join(map(str, errors[0].absolute_path)) or 'arguments'
+        return f'invalid arguments for {self.name}: {where}: {errors[0].message}'
+    def call(self, args) -> str:
+        problem = self.invalid(args)
+        if problem: return f'error: {problem}'
         return _run_with_timeout(self.name, self.fn, args, self.timeout)
 
 # %% ../../nbs/61_tools.ipynb #b807ab83

@@ -2,6 +2,7 @@
 import csv, io, json, os, shutil, stat, statistics, time
 from pathlib import Path
 import pytest
+from hypothesis import given, settings, strategies as st
 from apex3.agent.sandbox import get_sandbox
 from apex3.agent.skills import (Skill, SkillError, example_skills_dir, load_skill, load_skills, place_scripts,
                                  skill_catalog)
@@ -206,5 +207,42 @@ def test_placing_again_replaces_what_the_command_left(tmp_path):
     (placed / 'summarize').unlink()
     (placed / 'summarize').write_text('tampered')
     place_scripts(s, tmp_path)
+    assert sorted(os.listdir(placed)) == ['summarize']
+    assert (placed / 'summarize').read_bytes() == (s.path / 'scripts/summarize').read_bytes()
+
+KINDS = ['absent', 'folder', 'file', 'link to folder', 'link to file', 'dangling link', 'hard link']
+
+def plant_host_side(ws, victim, kinds):
+    "Put one thing of each kind along .skills/NAME/scripts/summarize (deeper levels only under a real folder)."
+    (ws / 'notes.txt').write_text('mine\n')
+    path = ws
+    for part, kind in zip(['.skills', 'csv-summary', 'scripts', 'summarize'], kinds):
+        path = path / part
+        if kind == 'folder': path.mkdir()
+        elif kind == 'file': path.write_text('planted\n')
+        elif kind == 'link to folder': path.symlink_to(victim)
+        elif kind == 'link to file': path.symlink_to(victim / 'private.txt')
+        elif kind == 'dangling link': path.symlink_to(victim / 'missing')
+        elif kind == 'hard link': os.link(ws / 'notes.txt', path)
+        if kind != 'folder': return
+
+@given(kinds=st.lists(st.sampled_from(KINDS), min_size=4, max_size=4))
+@settings(max_examples=60, deadline=None)
+def test_any_planted_workspace_leaves_the_host_untouched(tmp_path_factory, kinds):
+    "Whatever stands along the path, the copy writes only inside the workspace and leaves exactly the skill's scripts."
+    s = load_skills([example_skills_dir()], strict=True)[0]
+    root = tmp_path_factory.mktemp('case')
+    victim, ws = root / 'victim', root / 'ws'
+    victim.mkdir(mode=0o700)
+    (victim / 'private.txt').write_text('the host keeps this\n')
+    os.chmod(victim / 'private.txt', 0o600)
+    ws.mkdir()
+    plant_host_side(ws, victim, kinds)
+    before = fingerprint(victim)
+    place_scripts(s, ws)
+    assert fingerprint(victim) == before
+    assert (ws / 'notes.txt').read_text() == 'mine\n'
+    placed = ws / SK / 'scripts'
+    assert not any(p.is_symlink() for p in [ws / '.skills', ws / SK, placed])
     assert sorted(os.listdir(placed)) == ['summarize']
     assert (placed / 'summarize').read_bytes() == (s.path / 'scripts/summarize').read_bytes()

@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['SkillError', 'check_front_matter', 'Skill', 'load_skill', 'load_skills', 'example_skills_dir', 'skill_catalog',
-           'run_script']
+           'place_scripts', 'run_script']
 
 # %% ../../nbs/64_skills.ipynb #e6411688
-import html, logging, os, re, shutil
+import html, logging, os, re, shutil, stat
 from dataclasses import dataclass, field
 from pathlib import Path
 import yaml
@@ -129,6 +129,60 @@ def skill_catalog(skills):
     return '<available_skills>\n' + '\n'.join(items) + '\n</available_skills>'
 
 # %% ../../nbs/64_skills.ipynb #40bc0c1d
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+def _remove(name, parent):
+    "Remove what stands at `name` in folder fd `parent`: a link or a file unlinked (never followed), a folder whole."
+    try: is_dir = stat.S_ISDIR(os.lstat(name, dir_fd=parent).st_mode)
+    except FileNotFoundError: return
+    if is_dir: shutil.rmtree(name, dir_fd=parent)  # fd-based: a link inside is unlinked, never entered
+    else: os.unlink(name, dir_fd=parent)
+
+def _folder(name, parent, fresh=False):
+    "An fd of a real folder `name` in folder fd `parent`; a link or a file there is removed first, a folder if `fresh`."
+    try: st = os.lstat(name, dir_fd=parent)
+    except FileNotFoundError: st = None
+    if st is not None and (fresh or not stat.S_ISDIR(st.st_mode)):
+        _remove(name, parent)
+        st = None
+    if st is None: os.mkdir(name, 0o755, dir_fd=parent)
+    fd = os.open(name, _DIR, dir_fd=parent)  # a link planted since the lstat is refused here (ELOOP), not followed
+    os.fchmod(fd, 0o755)  # searchable by the sandbox's uid, whoever made it
+    return fd
+
+def _copy_file(src, name, parent):
+    "Copy host file `src` to a new file `name` in folder fd `parent`, readable and runnable by the sandbox's uid."
+    with open(src, 'rb') as fin, open(os.open(name, _NEW_FILE, 0o755, dir_fd=parent), 'wb') as fout:
+        os.fchmod(fout.fileno(), 0o755)  # the umask may have taken bits off
+        shutil.copyfileobj(fin, fout)
+
+def _copy_scripts(src, root, parent):
+    "Copy skill folder `src` into folder fd `parent`: folders, files, and links to files inside `root` (its scripts/)."
+    for e in sorted(os.scandir(src), key=lambda e: e.name):
+        target = Path(e.path).resolve()
+        if e.is_dir(follow_symlinks=False):
+            fd = _folder(e.name, parent)
+            try: _copy_scripts(e.path, root, fd)
+            finally: os.close(fd)
+        elif target.is_file() and target.is_relative_to(root): _copy_file(target, e.name, parent)
+        else: _log.warning('skill scripts: %s is not copied into the sandbox (not a file inside scripts/)', e.path)
+
+def place_scripts(skill, workdir):
+    "Copy `skill`'s scripts/ to WORKDIR/.skills/NAME/scripts, replacing what is there; no link in WORKDIR is followed."
+    root = skill.path / 'scripts'
+    if root.is_symlink() or not root.is_dir(): raise SkillError(f'skill {skill.name}: scripts/ is not a folder')
+    fds = [os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]  # the host's own path: not the command's
+    try:
+        for name, fresh in [('.skills', False), (skill.name, False), ('scripts', True)]:
+            fds.append(_folder(name, fds[-1], fresh))
+        _copy_scripts(root, root.resolve(), fds[-1])
+    except OSError as e:
+        raise SkillError(f'skill {skill.name}: cannot place its scripts in the sandbox workspace: {e}') from None
+    finally:
+        for fd in fds: os.close(fd)
+
+# %% ../../nbs/64_skills.ipynb #7b0e21c4
 _RUNNERS = {'.py': ['python3'], '.sh': ['sh']}
 
 def run_script(skill, name, args=(), sandbox=None, stdin=None, timeout=None):
@@ -136,10 +190,7 @@ def run_script(skill, name, args=(), sandbox=None, stdin=None, timeout=None):
     script = skill._inside('scripts', name)
     sb = sandbox or get_sandbox()
     try:
-        dest = Path(sb.workdir) / '.skills' / skill.name
-        shutil.copytree(skill.path / 'scripts', dest / 'scripts', dirs_exist_ok=True)
-        for p in [Path(sb.workdir) / '.skills', *(Path(sb.workdir) / '.skills').rglob('*')]:
-            os.chmod(p, 0o755)  # readable and runnable by the sandbox's uid, whoever copied them
+        place_scripts(skill, sb.workdir)
         inside = f'/workspace/.skills/{skill.name}/scripts/{script.relative_to((skill.path / "scripts").resolve())}'
         return sb.run(_RUNNERS.get(script.suffix, []) + [inside, *map(str, args)], stdin=stdin, timeout=timeout)
     finally:

@@ -577,6 +577,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                      'apex3/decode_attention.py')},
             'apex3.demo': { 'apex3.demo.cpu_seconds': ('demo.html#cpu_seconds', 'apex3/demo.py'),
                             'apex3.demo.demo_main': ('demo.html#demo_main', 'apex3/demo.py'),
+                            'apex3.demo.passive_openmp': ('demo.html#passive_openmp', 'apex3/demo.py'),
                             'apex3.demo.phase': ('demo.html#phase', 'apex3/demo.py'),
                             'apex3.demo.summary_lines': ('demo.html#summary_lines', 'apex3/demo.py'),
                             'apex3.demo.timings_line': ('demo.html#timings_line', 'apex3/demo.py')},

@@ -40,7 +40,7 @@ def demo_main(argv=()):
         if rc := run_command('data', data_main, ['demo', str(out / 'data'), *limit]): return rc
     with phase(timings, 'train'):
         from apex3.train import demo_train
-        print(f'\ntraining the tiny model on {out / "data"} for about {a.minutes:g} minutes')
+        print(f'\ntraining the tiny model on {out / "data"} for about {a.minutes:g} minute' + 's' * (a.minutes != 1))
         print('\n'.join(summary_lines(demo_train(out / 'train', out / 'data', minutes=a.minutes))))
     with phase(timings, 'agent'):
         from apex3.agent.demo import agent_demo, demo_lines

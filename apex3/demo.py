@@ -23,7 +23,7 @@ def demo_main(argv=()):
     p.add_argument('--max-files', type=int, help='only the first N library files of the embedded corpus')
     p.add_argument('--minutes', type=float, default=1.0, help='how long to train the tiny model (default: %(default)s)')
     p.add_argument('--agent-steps', type=int, default=1500,
-                   help='training steps that teach it the tool (default: %(default)s; records/demo.jsonl has the times)')
+                   help='training steps that teach it the tool (default: %(default)s; times: records/demo.jsonl)')
     a = p.parse_args(argv)
     passive_openmp()
     out, timings = Path(a.out), {}

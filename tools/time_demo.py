@@ -47,8 +47,9 @@ def fresh_checkout(work: Path):
 
 def versions(env, names=('torch', 'triton', 'torchao', 'transformers')) -> dict:
     "The versions of `names` installed where the job ran (None: not installed): the record's own are this process's."
-    code = ('import json, importlib.metadata as m\ndef v(n):\n try: return m.version(n)\n except m.PackageNotFoundError: '
-            f'return None\nprint(json.dumps({{n: v(n) for n in {list(names)!r}}}))')
+    code = '\n'.join(['import json, importlib.metadata as m', 'def v(n):',
+                      ' try: return m.version(n)', ' except m.PackageNotFoundError: return None',
+                      f'print(json.dumps({{n: v(n) for n in {list(names)!r}}}))'])
     r = subprocess.run(['python', '-c', code], env=env, capture_output=True, text=True)
     return json.loads(r.stdout) if r.returncode == 0 else {}
 

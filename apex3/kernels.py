@@ -48,12 +48,10 @@ def ce_chunk_torch(logits, targets, z_loss, ignore_index, loss_out, lse_out, sca
     logits.copy_(x.mul_(valid[:, None] * scale))
 
 # %% ../nbs/15_kernels.ipynb #a7178b71
-if triton is not None:                # combine functions for `tl.reduce` (see above)
-    @triton.jit
-    def _max_combine(a, b): return tl.maximum(a, b)
-
-    @triton.jit
-    def _add_combine(a, b): return a + b
+def _max_combine(a, b): return tl.maximum(a, b)   # combine functions for `tl.reduce` (see above)
+def _add_combine(a, b): return a + b
+# jitted where Triton is; without it they stay plain functions, so the chapters that import them still import
+if triton is not None: _max_combine, _add_combine = triton.jit(_max_combine), triton.jit(_add_combine)
 
 # %% ../nbs/15_kernels.ipynb #d92a6b39
 @functools.cache
@@ -171,6 +169,10 @@ def warn_once(msg, logger=None):
     if msg not in _warned:
         _warned.add(msg)
         (logger or _log).warning(msg)
+
+# %% ../nbs/15_kernels.ipynb #c0notri1
+if triton is None and torch.cuda.is_available():   # on CUDA a kernel would have run: say once what takes over
+    warn_once('Triton is not installed: CUDA runs the PyTorch loss, optimizer steps and decoding instead')
 
 # %% ../nbs/15_kernels.ipynb #7bdefa4d
 @torch.compiler.disable

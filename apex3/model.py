@@ -5,10 +5,10 @@
 # %% auto #0
 __all__ = ['HAS_FA3', 'HAS_VARLEN', 'HAS_FLEX', 'AUTO_ORDER', 'CPU_GROUPED_MM', 'RMSNorm', 'rope_cos_sin', 'apply_rope',
            'doc_ids', 'doc_starts', 'cu_seqlens', 'doc_overflow', 'fa3_version', 'backend_available', 'resolve_backend',
-           'AttnMeta', 'doc_block_mask', 'attention_meta', 'repeat_kv', 'attn_reference', 'attn_sdpa', 'attn_flex',
-           'attn_varlen', 'attn_fa3', 'attend', 'Attention', 'route', 'seq_aux_loss', 'grouped_mm_ok', 'swiglu',
-           'scaled_swiglu', 'gather_grouped_mm', 'Experts', 'SharedExpert', 'expert_counts', 'dispatch', 'MoE', 'Block',
-           'lm_loss', 'Transformer', 'module_param_counts', 'graph_break_count', 'KVCache', 'generate']
+           'AttnMeta', 'trim_cu', 'doc_block_mask', 'attention_meta', 'repeat_kv', 'attn_reference', 'attn_sdpa',
+           'attn_flex', 'attn_varlen', 'attn_fa3', 'attend', 'Attention', 'route', 'seq_aux_loss', 'grouped_mm_ok',
+           'swiglu', 'scaled_swiglu', 'gather_grouped_mm', 'Experts', 'SharedExpert', 'expert_counts', 'dispatch',
+           'MoE', 'Block', 'lm_loss', 'Transformer', 'module_param_counts', 'graph_break_count', 'KVCache', 'generate']
 
 # %% ../nbs/10_model.ipynb #af14d471
 import functools, importlib.util, logging, math, os
@@ -116,6 +116,13 @@ class AttnMeta:
     max_len: int = 0                # static upper bound on a document's length
     block_mask: object = None       # FlexAttention BlockMask
 
+def trim_cu(cu):
+    """`cu_seqlens` without its empty padding documents, and its longest document. FlashAttention-3 sizes its backward
+    grid by documents x longest, so padding slots cost it time (one host sync: outside torch.compile only)."""
+    lens = cu.diff()
+    n, longest = torch.stack([(lens > 0).sum(), lens.max()]).tolist()
+    return cu[:n + 1], longest
+
 def doc_block_mask(doc):
     "FlexAttention block mask: causal and within one document, from document ids [B, S]."
     from torch.nn.attention.flex_attention import create_block_mask
@@ -127,7 +134,11 @@ def attention_meta(tokens, cfg, backend):
     "Build the boundary metadata `backend` needs for `tokens` [B, S], on the tokens' device."
     B, S = tokens.shape
     if backend in ('varlen', 'fa3'):
-        return AttnMeta(backend, cu=cu_seqlens(tokens, cfg.eos_id, cfg.max_docs), max_len=S)
+        cu = cu_seqlens(tokens, cfg.eos_id, cfg.max_docs)
+        if backend == 'fa3' and not torch.compiler.is_compiling():
+            cu, longest = trim_cu(cu)
+            return AttnMeta(backend, cu=cu, max_len=longest)
+        return AttnMeta(backend, cu=cu, max_len=S)
     if backend == 'sdpa': return AttnMeta(backend)
     doc = doc_ids(tokens, cfg.eos_id)
     return AttnMeta(backend, doc=doc, block_mask=doc_block_mask(doc) if backend == 'flex' else None)

@@ -26,6 +26,7 @@ if [ ! -f "$src/hopper/setup.py" ]; then
     fi
 fi
 [ -d "$src/csrc/cutlass/include/cute" ] || { echo "build_fa3: $src/csrc/cutlass/include is missing"; exit 2; }
+[ -f "$src/README.md" ] || echo "FlashAttention" > "$src/README.md"   # hopper/setup.py reads it as its long description
 
 # Only hdim 128, bf16, sm90; no split-KV, paged KV, append-KV, local windows, softcap, pack-GQA, FP8/FP16, sm80.
 for f in FP16 FP8 HDIM64 HDIM96 HDIM192 HDIM256 HDIMDIFF64 HDIMDIFF192 SPLIT PAGEDKV APPENDKV LOCAL SOFTCAP \

@@ -6,7 +6,8 @@ if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then   # NO_WH
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # FlashAttention-3 where tools/build_fa3.sh built it (`--attn fa3`; without it the run falls back, with a warning)
-[ -d .fa3/flash-attention/hopper/flash_attn_3 ] && export PYTHONPATH=$PYTHONPATH:$PWD/.fa3/flash-attention/hopper
+fa3=${FA3_DIR:-$PWD/.fa3}/flash-attention/hopper
+[ -d "$fa3/flash_attn_3" ] && export PYTHONPATH=$PYTHONPATH:$fa3
 if [ -n "${APEX3_GIT_COMMIT:-}" ]; then
   [[ $APEX3_GIT_COMMIT =~ ^[0-9a-f]{40}$ ]] || { echo "APEX3_GIT_COMMIT=$APEX3_GIT_COMMIT is not a full commit hash (git rev-parse HEAD)" >&2; exit 2; }
 elif ! git rev-parse HEAD >/dev/null 2>&1; then

@@ -95,9 +95,9 @@ def resolve_backend(name, device, needs_grad=True, whole_rows=False):
     "The backend to use for `name` on `device`: itself if available, else the best available (one warning line)."
     if name != 'auto' and backend_available(name, device, needs_grad): return name
     cuda = torch.device(device).type == 'cuda'   # eager FlexAttention on CPU is slow: explicit requests only
-    # When every row is one document (max_docs=1), plain causal SDPA is exact, and cuDNN's is the fastest kernel
-    # we measured.
-    order = ('sdpa', *AUTO_ORDER) if whole_rows and cuda else AUTO_ORDER
+    # When every row is one document (max_docs=1), plain causal SDPA is exact: cuDNN's kernel comes second, after
+    # FlashAttention-3 (records/model.jsonl, `kind='attention'`)
+    order = ('fa3', 'sdpa', *AUTO_ORDER[1:]) if whole_rows and cuda else AUTO_ORDER
     best = next(b for b in order if backend_available(b, device, needs_grad) and (cuda or b != 'flex'))
     key = (name, torch.device(device).type, needs_grad)
     if name != 'auto' and key not in _warned and not torch.compiler.is_compiling():

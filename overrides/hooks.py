@@ -42,7 +42,9 @@ def on_config(config):
     return config
 
 # Maths, as nbconvert leaves it in the page: $…$ and $$…$$ in text (never in code, scripts or tags, skipped whole)
-_NOT_TEXT = re.compile(r'<(script|style|pre|code|textarea|title)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>', re.S | re.I)
+# (a code cell's source is also kept, as text, in a hidden div for the copy button)
+_NOT_TEXT = re.compile(r'<(script|style|pre|code|textarea|title)\b.*?</\1\s*>|<div class="clipboard-copy-txt"[^>]*>.*?</div>'
+                       r'|<!--.*?-->|<[^>]*>', re.S | re.I)
 _MATH = re.compile(r'(?<![\\$])\$\$(?P<display>.+?)(?<!\\)\$\$|(?<![\\$])\$(?P<inline>[^$]+?)(?<![\\$])\$', re.S)
 _NBCONVERT_MATHJAX = re.compile(r'<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->', re.S)
 

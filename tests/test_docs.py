@@ -125,3 +125,12 @@ def test_stored_outputs_hold_no_progress_frames(nb):
         for o in c.get('outputs', []):
             text = ''.join(o.get('text', '')) + ''.join(o.get('data', {}).get('text/plain', ''))
             assert '\r' not in text, f'{nb.name}: progress-bar frames stored: {text[:200]!r} (python tools/run_nb.py --tidy)'
+
+def test_readme_links_reach_chapters_from_the_root():
+    "The index links `00_plan.ipynb` (beside it); README.md, at the root, links `nbs/00_plan.ipynb`; web links stay."
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('readme', ROOT / 'tools' / 'readme.py')
+    readme = importlib.util.module_from_spec(spec); spec.loader.exec_module(readme)
+    md = '[The planner](00_plan.ipynb#memory) and [nbdev](https://nbdev.fast.ai/x.ipynb)'
+    assert readme.from_root(md) == '[The planner](nbs/00_plan.ipynb#memory) and [nbdev](https://nbdev.fast.ai/x.ipynb)'
+    assert all((ROOT / link).exists() for link in re.findall(r'\]\((nbs/[^)#]+)', readme.render()))

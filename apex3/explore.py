@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['memory_figure', 'days_curve', 'days_figure', 'search_heatmap', 'save_plan_figures', 'LivePlots', 'Explorer',
-           'explorer']
+           'static_html', 'explorer']
 
 # %% ../nbs/02_explore.ipynb #46021d6b
-import html, time
+import base64, html, time
 import matplotlib, matplotlib.ticker
 import matplotlib.pyplot as plt
 import numpy as np
@@ -222,9 +222,18 @@ class Explorer:
         c = list(self.controls.values())
         return W.VBox([W.HBox([W.VBox(c[:7]), W.VBox(c[7:])]), self.summary, self.image])
 
+def static_html(self) -> str:
+    "The explorer as it stands, for pages where widgets do not run (GitHub, the HTML book): its summary and plots."
+    picture = f'<img src="data:image/png;base64,{base64.b64encode(self.image.value).decode()}">' if self.plan else ''
+    return self.summary.value + picture
+Explorer.static_html = static_html
+
 def _show(self):
-    "A notebook shows an `Explorer` as its widgets, not as `<Explorer at 0x…>`."
-    display(self.widget())
+    """A notebook shows an `Explorer` as its widgets, not as `<Explorer at 0x…>`; the same output carries the static
+    picture, which a page without widgets (or a notebook not yet trusted) shows instead of the widget's placeholder."""
+    bundle = self.widget()._repr_mimebundle_()
+    bundle.update({'text/html': self.static_html(), 'text/plain': 'The explorer: run this cell to change the plan.'})
+    display(bundle, raw=True)
 Explorer._ipython_display_ = _show
 
 def explorer() -> Explorer:

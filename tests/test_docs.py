@@ -112,6 +112,11 @@ def test_links_between_notebooks_reach_pages(site):
     for page in site.glob('**/index.html'):
         assert not re.findall(r'href="(?![a-z]+:)[^"]*\.ipynb(?:#[^"]*)?"', page.read_text()), page
 
+def test_the_index_links_every_chapter(site):
+    "The overview's chapter table links each chapter's page (tools/chapter_table.py writes it)."
+    html = (site / 'index.html').read_text()
+    assert not [c.stem for c in CHAPTERS if f'href="{c.stem}/' not in html]
+
 def test_printed_output_scrolls_instead_of_wrapping(site):
     css = (site / '_static' / 'book.css').read_text()
     rule = re.search(r'\.jp-OutputArea-output pre[^{]*\{([^}]*)\}', css)

@@ -25,9 +25,8 @@ from .records import append_records, device_peak_tflops, GiB
 from .optim import fused_here
 from .model import fa3_version
 from .settings import (RunSettings, BenchSettings, bench_parser, settings_from_args, settings_from_flags,
-                            run_flags, check_run_settings, check_bench_settings)
-from .run import (Run, check_device, micro_flops, micro_step, last_micro_starts, optimizer_step, status_gib,
-                       host_memory)
+                            run_flags, check_run_settings, check_bench_settings, check_device)
+from .run import Run, micro_flops, micro_step, last_micro_starts, optimizer_step, status_gib, host_memory
 
 _log = logging.getLogger('apex3.bench')
 

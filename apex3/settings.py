@@ -8,8 +8,8 @@ __all__ = ['COMPRESS', 'setting_field', 'settings_group', 'default_device', 'Mod
            'CheckpointSettings', 'ProbeSettings', 'LogSettings', 'GuardSettings', 'ShardSettings', 'DilocoSettings',
            'TrainSettings', 'BenchSettings', 'add_settings_flags', 'add_run_flags', 'train_parser', 'bench_parser',
            'settings_from_flags', 'settings_from_args', 'trainer_settings', 'run_flags', 'with_flags',
-           'check_run_settings', 'check_diloco_settings', 'check_train_settings', 'check_bench_settings',
-           'check_train_argv', 'check_bench_argv']
+           'check_run_settings', 'check_diloco_settings', 'check_train_settings', 'check_device', 'check_job',
+           'worker_flags', 'check_bench_settings', 'check_train_argv', 'check_bench_argv']
 
 # %% ../nbs/23_settings.ipynb #f1565210
 import argparse, dataclasses, math, typing
@@ -346,7 +346,7 @@ def _check_offload(o: OffloadSettings, recompute: str):
                          'add --act-offload N or --act-budget F')
 
 def check_run_settings(s: RunSettings):
-    "Raise `UsageError` for run settings that parse but cannot run (the device aside: `check_device`, chapter 24)."
+    "Raise `UsageError` for run settings that parse but cannot run (the device aside: `check_device`)."
     if min(s.model.micro_bs, s.model.accum) < 1: raise UsageError('--micro-bs and --accum must be at least 1')
     if not (math.isfinite(s.optim.lr) and s.optim.lr > 0):
         raise UsageError(f'--lr must be a positive number, not {s.optim.lr}')
@@ -354,7 +354,7 @@ def check_run_settings(s: RunSettings):
 
 # %% ../nbs/23_settings.ipynb #2de78532
 def check_diloco_settings(s: DilocoSettings, fsdp=False):
-    "Usage errors of the DiLoCo flags that the flags alone show (the job's ranks: `check_diloco_job`)."
+    "Usage errors of the DiLoCo flags that the flags alone show (the job's ranks: `check_job`)."
     if not s.workers: return
     if s.workers < 1 or not 0 <= s.rank < s.workers:
         raise UsageError(f'--diloco-rank must be in 0..{s.workers - 1}, not {s.rank}')
@@ -395,6 +395,32 @@ def check_train_settings(s: TrainSettings):
         raise UsageError('--fsdp and --offload do not combine: offload is a one-GPU design (the whole FP32 optimizer '
                          'in host memory); several GPUs: --fsdp')
     check_diloco_settings(s.diloco, s.shard.fsdp)
+
+def check_device(name: str):
+    "Raise `UsageError` for a `--device` torch does not know, or cuda where there is no GPU (this one loads torch)."
+    import torch
+    try: dev = torch.device(name)
+    except RuntimeError: raise UsageError(f'--device {name!r} is not a device (cpu, cuda, cuda:N)') from None
+    if dev.type == 'cuda' and not torch.cuda.is_available():
+        raise UsageError('--device cuda: no CUDA device is available')
+
+def check_job(s: TrainSettings, d):
+    "Usage errors of the trainer's settings in the job `d` joined: several ranks need FSDP2, DiLoCo its transport."
+    w = s.diloco
+    if d.world > 1 and not s.shard.fsdp:   # (a DiLoCo worker's ranks, under --diloco-transport dist)
+        raise UsageError(f"{d.world} ranks need --fsdp{'' if w.workers else ' (or --diloco-transport dist)'}")
+    if not w.workers: return
+    if w.transport == 'dist' and d.diloco_group is None:
+        raise UsageError(f'--diloco-transport dist: run under torchrun, {w.workers} workers of equal ranks')
+    if w.transport == 'files' and d.world > 1:
+        raise UsageError('--diloco-transport files: one process per worker, not a multi-rank torchrun')
+
+def worker_flags(s: TrainSettings, worker: int) -> dict:
+    """The flags a DiLoCo worker of a torchrun job (`--diloco-transport dist`) changes: `--diloco-rank` is its index,
+    its checkpoints and step log go to `worker-R` beside the ones named (each worker resumes from its own)."""
+    ck, log = s.ckpt.ckpt_dir, s.log.step_log
+    return dict(diloco_rank=worker, ckpt_dir=ck and str(Path(ck) / f'worker-{worker}'),
+                step_log=log and str(Path(log).with_suffix(f'.worker-{worker}{Path(log).suffix}')))
 
 def check_bench_settings(s: RunSettings, b: BenchSettings):
     "Usage errors of the benchmark's flags (the device aside)."

@@ -30,13 +30,13 @@ import numpy as np
 import torch, torch.distributed as dist
 from .usage import UsageError
 from .settings import (TrainSettings, RunSettings, ScheduleSettings, CheckpointSettings, train_parser,
-                            trainer_settings, run_flags, with_flags, check_train_settings)
-from .run import (Run, check_device, run_config, micro_step, last_micro_starts, optimizer_step, micro_flops,
-                       status_gib)
+                            trainer_settings, run_flags, with_flags, worker_flags, check_train_settings, check_device,
+                            check_job)
+from .run import Run, run_config, micro_step, last_micro_starts, optimizer_step, micro_flops, status_gib
 from .config import get_config
 from .records import device_peak_tflops, GiB
 from .kernels import warn_once as warn_once_to
-from .diloco_train import check_diloco_job, diloco_hooks, data_slice, branch_from_diloco, join_dist_workers
+from .diloco_train import diloco_hooks, data_slice, branch_from_diloco, join_dist_workers
 
 _log = logging.getLogger('apex3.train')
 
@@ -106,14 +106,13 @@ def init_distributed(s: TrainSettings) -> tuple:
     if world == 1: return s, Dist()
     rank, local = int(os.environ['RANK']), int(os.environ.get('LOCAL_RANK', 0))
     cuda = torch.device(s.run.device).type == 'cuda'
-    if cuda:
-        torch.cuda.set_device(local)
-        s = with_flags(s, device=f'cuda:{local}')
+    if cuda: torch.cuda.set_device(local)
+    mine = dict(device=f'cuda:{local}') if cuda else {}   # this process's GPU
     if s.diloco.workers and s.diloco.transport == 'dist':   # every DiLoCo worker a process group of its own
-        s, place = join_dist_workers(s, 'nccl' if cuda else 'gloo')
-        return s, Dist(local_rank=local, **place)
+        worker, place = join_dist_workers(s.diloco, 'nccl' if cuda else 'gloo')
+        return with_flags(s, **mine, **worker_flags(s, worker)), Dist(local_rank=local, **place)
     dist.init_process_group('nccl' if cuda else 'gloo')
-    return s, Dist(rank, world, local)
+    return with_flags(s, **mine), Dist(rank, world, local)
 
 def shard_model(model, bf16=False):
     """FSDP2: every block is a unit, the root takes the rest; with `bf16`, weights are gathered in bf16 and gradients
@@ -143,10 +142,7 @@ def check_args(s: TrainSettings, d):
     "Usage errors of a run's settings, before anything is built: the flags, the device, the job's ranks."
     check_train_settings(s)
     check_device(s.run.device)
-    if d.world > 1 and not s.shard.fsdp:   # (a DiLoCo worker's ranks, under --diloco-transport dist)
-        hint = '' if s.diloco.workers else ' (or --diloco-transport dist)'
-        raise UsageError(f'{d.world} ranks need --fsdp{hint}')
-    check_diloco_job(s.diloco, d)
+    check_job(s, d)
 
 class TrainRun(Run):
     "The trainer's `Run`: built from `TrainSettings`, which it keeps, and sharded with FSDP2 over several ranks."

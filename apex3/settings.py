@@ -9,7 +9,8 @@ __all__ = ['COMPRESS', 'TRAJECTORY_FLAGS', 'setting_field', 'settings_group', 'd
            'DilocoSettings', 'TrainSettings', 'BenchSettings', 'add_settings_flags', 'add_run_flags', 'train_parser',
            'bench_parser', 'settings_from_flags', 'settings_from_args', 'trainer_settings', 'run_flags',
            'changed_flags', 'with_flags', 'check_run_settings', 'check_diloco_settings', 'check_train_settings',
-           'check_device', 'check_job', 'worker_flags', 'check_bench_settings', 'check_train_argv', 'check_bench_argv']
+           'check_device', 'check_job', 'worker_flags', 'check_bench_settings', 'run_config', 'run_settings',
+           'check_train_argv', 'check_bench_argv']
 
 # %% ../nbs/23_settings.ipynb #f1565210
 import argparse, dataclasses, math, typing
@@ -436,6 +437,21 @@ def check_bench_settings(s: RunSettings, b: BenchSettings):
     check_run_settings(s)
     if b.steps < 1 or b.warmup < 0:
         raise UsageError(f'--steps must be at least 1 and --warmup at least 0, not {b.steps} and {b.warmup}')
+
+# %% ../nbs/23_settings.ipynb #ecf10493
+def run_config(s: RunSettings):
+    "The model config of the settings: `--config`, `--set`, and the settings that are config fields."
+    m = s.model
+    fields = (('attn', m.attn), ('moe_chunk', m.moe_chunk), ('seq_len', m.seq_len))
+    extra = [f'{k}={v}' for k, v in fields if v is not None]
+    return get_config(m.config, ['max_docs=1', *m.set, *extra])
+
+def run_settings(s: TrainSettings) -> RunSettings:
+    "The run of the trainer's settings: `--set` starts from the config's own `max_docs` and ends with `--eos-id`."
+    r, eos = s.run, s.data.eos_id
+    sets = [f'max_docs={get_config(r.model.config).max_docs}', *r.model.set]
+    if eos is not None: sets.append(f'eos_id={eos}')
+    return dataclasses.replace(r, model=dataclasses.replace(r.model, set=sets))
 
 # %% ../nbs/23_settings.ipynb #db7acf57
 def check_train_argv(argv):

@@ -7,7 +7,11 @@ __all__ = []
 
 # %% ../../nbs/26_scripts.ipynb #b027ca84
 import sys
-import apex3.bench  # an absolute import (nbdev would make `from apex3...` relative, which a script cannot use)
+# absolute imports: nbdev would make `from apex3...` relative, which a script cannot use
+import apex3.settings, apex3.usage
 
 if __name__ == '__main__' and not hasattr(sys, 'ps1'):  # not when a notebook runs this cell
+    # bad flags: one line and status 2 before torch loads (chapter `23_settings`)
+    if rc := apex3.usage.run_command('bench', apex3.settings.check_bench_argv, sys.argv[1:]): sys.exit(rc)
+    import apex3.bench
     sys.exit(apex3.bench.main())

@@ -76,7 +76,7 @@ AUTO_ORDER = ('fa3', 'flex', 'varlen', 'reference')
 _warned = set()
 
 def fa3_version():
-    "The FlashAttention-3 that `fa3` runs: its version and the commit `tools/build_fa3.sh` built it from; None if absent."
+    "The FlashAttention-3 `fa3` runs: its version and the commit `tools/build_fa3.sh` built it from; None if absent."
     if not HAS_FA3: return None
     import flash_attn_3   # its __init__ reads the version only; the kernels load with flash_attn_interface
     built = os.path.join(os.path.dirname(flash_attn_3.__file__), 'BUILD_COMMIT')

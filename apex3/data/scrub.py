@@ -340,7 +340,9 @@ def apply_rules(text, rules, counts) -> str:
         hay = low if r.fold else text
         if not any(h in hay for h in r.hints): continue
         text, n = replace_all(text, r.pattern, placeholder(r), r.group, r.check)
-        if n: counts[r.kind] += n; low = None
+        if n:
+            counts[r.kind] += n
+            low = None
     return text
 
 def without_basic_auth(plugins, rules) -> tuple:

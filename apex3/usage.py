@@ -27,8 +27,8 @@ class ArgParser(argparse.ArgumentParser):
         return ns
 
 def _shown(text):
-    "`text` itself, or as Python writes it (quoted, escaped) where a character in it is not printable."
-    return text if text.isprintable() else repr(text)
+    "`text` itself, or as Python writes it (quoted, escaped) where it is empty or a character in it is not printable."
+    return text if text and text.isprintable() else repr(text)
 
 # %% ../nbs/000_usage.ipynb #7cb2dac5
 INT_MAX = 2**63 - 1   # the largest whole number C, NumPy and torch take
@@ -74,7 +74,7 @@ def is_fs_error(e) -> bool:
 
 def os_error_line(e: OSError) -> str:
     "`FILE: CAUSE (ERRNO)`, `FILE -> FILE2: ...` for a rename or a link, `CAUSE (ERRNO)` where no file is named."
-    files = ' -> '.join(os.fsdecode(f) if isinstance(f, (str, bytes)) else str(f)
+    files = ' -> '.join(_shown(os.fsdecode(f)) if isinstance(f, (str, bytes)) else str(f)
                         for f in (e.filename, e.filename2) if f is not None)
     cause = f'{e.strerror or os.strerror(e.errno)} ({errno.errorcode.get(e.errno, e.errno)})'
     return f'{files}: {cause}' if files else cause

@@ -5,10 +5,11 @@ Each folder is a tmpfs mounted in a mount namespace of the test's own (`unshare 
 the machine refuses that the tests skip and print why. The controls run the same command with `run_command`'s
 file-system branch switched off (a traceback, status 1), and show that an error of another kind keeps its traceback.
 """
-import os, shutil, subprocess, sys
+import errno, os, shutil, subprocess, sys
 from pathlib import Path
 import pytest
-from apex3.usage import run_command
+from hypothesis import given, settings, strategies as st
+from apex3.usage import ArgParser, UsageError, run_command
 
 ROOT = Path(__file__).parents[1]
 # the same entry point as the console script; with 'off', run_command's file-system branch is switched off
@@ -72,3 +73,40 @@ def test_newline_in_an_argument_is_one_line():
     p = subprocess.run([sys.executable, '-c', APEX3, 'on', 'plan', '70B', 'x\ny'], capture_output=True, text=True,
                        env={**os.environ, 'PYTHONPATH': str(ROOT)}, timeout=120)
     _one_line(p, "apex3 plan: error: unrecognized arguments: 'x\\ny'")
+
+def _stderr_of(fn):
+    import contextlib, io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err): rc = run_command('x', fn, [])
+    return rc, err.getvalue()
+
+def _one_printable_line(rc, err):
+    assert rc == 2 and err.endswith('\n') and err.count('\n') == 1 and err[:-1].isprintable(), repr(err)
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(), st.text(), st.sampled_from(sorted(set(errno.errorcode) - {errno.EPIPE})))   # EPIPE: status 141
+def test_every_refusal_is_one_printable_line(message, filename, code):
+    "Any text in a UsageError, any file name in an OSError: one line on stderr, nothing a terminal would act on."
+    def usage(argv): raise UsageError(message)
+    def fs(argv): raise OSError(code, os.strerror(code), filename)
+    _one_printable_line(*_stderr_of(usage))
+    rc, err = _stderr_of(fs)
+    _one_printable_line(rc, err)
+    assert err.endswith(f' ({errno.errorcode[code]})\n')
+    shown = filename if filename and filename.isprintable() else _escaped(repr(filename))   # as typed, or quoted
+    assert err.startswith(f'apex3 x: error: {shown}: ')
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(min_size=1).filter(lambda a: not a.startswith('-')), min_size=1, max_size=4))
+def test_unrecognized_arguments_are_one_line_each_shown_whole(extra):
+    "Arguments a parser does not take: one line, each argument either as typed or quoted whole (never cut)."
+    p = ArgParser(prog='x')
+    def parse(argv): p.parse_args(extra)
+    rc, err = _stderr_of(parse)
+    _one_printable_line(rc, err)
+    shown = ' '.join(a if a.isprintable() else _escaped(repr(a)) for a in extra)   # min_size=1: none is empty
+    assert err == f'apex3 x: error: unrecognized arguments: {shown}\n'
+
+def _escaped(text):
+    "The reference: what a line keeps of `text`, every unprintable character written as Python writes it."
+    return ''.join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -26,3 +26,13 @@ def test_replay_of_a_real_trace(tmp_path):
     assert p.returncode == 0 and p.stdout.strip().endswith('replayed 2 turns: identical'), p.stdout + p.stderr
     recs = [json.loads(l) for l in (tmp_path / 't.jsonl').read_text().splitlines()]
     assert "'1024\\n'" in p.stdout and recs[1]['results'] == ['1024\n']
+
+def test_unisolated_runner_keeps_the_callers_environment_out(monkeypatch):
+    "The fallback runner (no sandbox backend): a key in the caller's environment is not in the code's, nor a child's."
+    from apex3.agent.tools import SubprocessRunner, python_tool
+    monkeypatch.setenv('APEX3_CLI_BAIT', 'sk-planted-6767')
+    code = ("import os, subprocess\n"
+            "print(os.environ.get('APEX3_CLI_BAIT'), subprocess.getoutput('env').count('sk-planted'))")
+    assert python_tool(SubprocessRunner(), timeout=5).fn(dict(code=code)) == 'None 0\n'
+    leaky = SubprocessRunner(env=dict(os.environ))   # the control: with the host environment passed, the code sees it
+    assert python_tool(leaky, timeout=5).fn(dict(code=code)) == 'sk-planted-6767 1\n'

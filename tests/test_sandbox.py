@@ -1,5 +1,5 @@
 "The agent sandbox: the escape suite per backend (printed as N/N blocked), its controls, the workspace quota, the CLI."
-import contextlib, io, os, shutil, tempfile
+import contextlib, errno, io, os, shutil, stat, subprocess, tempfile
 import pytest
 from apex3.usage import UsageError, run_command
 from apex3.agent.sandbox import (SUITE_LIMITS as SUITE, SUITE_ROWS, BAIT_VAR, BwrapSandbox, DockerSandbox, Limits,
@@ -158,3 +158,133 @@ def test_cli_bad_input_is_one_line(argv):
 def test_missing_backend_is_a_usage_error():
     with pytest.raises(UsageError, match='bubblewrap is not installed'): BwrapSandbox(bwrap='/nonexistent/bwrap')
     with pytest.raises(UsageError, match='unknown sandbox backend'): get_sandbox('lxc')
+
+# --- the copy back of a named folder: all or nothing, judged from the host -----------------------------------------
+
+def _mounted(folder): return any(line.split()[1] == folder for line in open('/proc/self/mounts'))
+
+def _listing(folder):
+    return {os.path.relpath(os.path.join(t, n), folder) for t, ds, fs in os.walk(folder) for n in ds + fs}
+
+@contextlib.contextmanager
+def _small_disk(kb):
+    "A fresh folder that is a tmpfs of `kb` KiB, unmounted and removed after; skipped (reason printed) if not here."
+    d = tempfile.mkdtemp()
+    p = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={kb}k', 'apex3-test', d], capture_output=True, text=True)
+    try:
+        if p.returncode:
+            print(f'skipped: no tmpfs here ({p.stderr.strip()})')
+            pytest.skip(f'no tmpfs here: {p.stderr.strip()}')
+        yield d
+    finally:
+        if not p.returncode: subprocess.run(['umount', d], check=True)
+        os.rmdir(d)
+
+def _clear_then_copy(src, dst):
+    "The control: the order the copy back must not take, empty the named folder and then copy into it."
+    for e in os.scandir(dst):
+        if e.is_dir(follow_symlinks=False): shutil.rmtree(e.path)
+        elif stat.S_ISREG(e.stat(follow_symlinks=False).st_mode) or e.is_symlink(): os.unlink(e.path)
+    shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+
+def _control(folder, make):
+    "`_clear_then_copy` of a workspace on `folder` in which `make(path)` did the run's work: what it raised."
+    ws = Workspace(folder, disk_mb=8)
+    make(ws.path)
+    try: _clear_then_copy(ws.path, folder)
+    except OSError as e: return e
+    finally:
+        ws.copied_in = False   # the control has copied back already
+        ws.close()
+
+def _gone(ws): return not os.path.exists(ws.path) and not _mounted(ws.path)
+
+def _result_in_p(path):
+    os.mkdir(os.path.join(path, 'p'))
+    with open(os.path.join(path, 'p', 'result.txt'), 'w') as f: f.write('work\n')
+
+@needs_bwrap
+@pytest.mark.skipif(not root, reason='the workspace quota mounts a tmpfs, which needs root')
+def test_a_fifo_gives_way_to_the_sandboxs_folder(tmp_path, caplog):
+    "The named folder holds a fifo `p`; the command makes a folder `p` with its result: the result comes back."
+    (tmp_path / 'keep.txt').write_text('mine')
+    os.mkfifo(tmp_path / 'p')
+    sb = get_sandbox(wall_s=20, disk_mb=8, workdir=str(tmp_path))
+    assert sb.run(['sh', '-c', 'mkdir p && echo work > p/result.txt']).ok
+    sb.close()
+    assert (tmp_path / 'p' / 'result.txt').read_text() == 'work\n' and (tmp_path / 'keep.txt').read_text() == 'mine'
+    assert _listing(tmp_path) == {'keep.txt', 'p', 'p/result.txt'} and _gone(sb.workspace)
+    assert [r.getMessage() for r in caplog.records if 'replaces it' in r.getMessage()] == \
+        [f'sandbox workdir: {tmp_path}/p is not a file or a folder; the sandbox made its own p, which replaces it']
+    shutil.rmtree(tmp_path / 'p')
+    os.mkfifo(tmp_path / 'p')   # the control: the old order raises shutil.Error, and the result is lost
+    assert isinstance(_control(str(tmp_path), _result_in_p), shutil.Error)
+    assert _listing(tmp_path) == {'keep.txt', 'p'} and stat.S_ISFIFO(os.lstat(tmp_path / 'p').st_mode)
+
+def test_a_fifo_the_sandbox_never_touched_stays(tmp_path):
+    "A socket or fifo of the named folder that the sandbox made nothing in place of is left where it is."
+    if not root: pytest.skip('the workspace quota mounts a tmpfs, which needs root')
+    os.mkfifo(tmp_path / 'pipe')
+    ws = Workspace(str(tmp_path), disk_mb=4)
+    with open(os.path.join(ws.path, 'new.txt'), 'w') as f: f.write('new')
+    ws.close()
+    assert _listing(tmp_path) == {'pipe', 'new.txt'} and stat.S_ISFIFO(os.lstat(tmp_path / 'pipe').st_mode)
+
+BIG = 'head -c 300000 /dev/zero > a; head -c 900000 /dev/zero > b; ln -s /etc/hostname link; rm keep.txt'
+
+@needs_bwrap
+@pytest.mark.skipif(not root, reason='the workspace quota and the small tmpfs need root')
+def test_a_full_disk_during_copy_back_leaves_the_folder_as_it_was():
+    "1.2 MB back into a 1 MiB folder: one line naming the file and ENOSPC, status 2, the folder as before the run."
+    with _small_disk(1024) as full:
+        with open(os.path.join(full, 'keep.txt'), 'w') as f: f.write('mine')
+        before = set(os.listdir('/tmp'))
+        rc, out, err = _cli('--workdir', full, '--disk', '8', '--', 'sh', '-c', BIG + '; echo done')
+        assert (rc, out) == (2, 'done\n')   # the command's output is shown before the copy back
+        status, line = err.strip().splitlines()
+        assert status.startswith('[sandbox bwrap] exit 0')
+        stopped_at = 'b' if line.endswith(f'{full}/b: No space left on device (ENOSPC)') else 'a'  # the second copied
+        assert line == (f'apex3 agent sandbox: error: sandbox workdir {full} is left as it was before the run: '
+                        f'copying the workspace back failed: {full}/{stopped_at}: No space left on device (ENOSPC)')
+        assert _listing(full) == {'keep.txt'} and open(os.path.join(full, 'keep.txt')).read() == 'mine'
+        left = [n for n in set(os.listdir('/tmp')) - before if n.startswith('apex3-ws-')]
+        assert left == [] and not any('apex3-workspace' in l and full in l for l in open('/proc/self/mounts'))
+        assert isinstance(_control(full, _fill), shutil.Error)   # the control: the old order loses keep.txt
+        assert 'keep.txt' not in _listing(full)
+
+def _fill(path):
+    "What BIG does, done from the host."
+    for name, n in [('a', 300000), ('b', 900000)]:
+        with open(os.path.join(path, name), 'wb') as f: f.write(bytes(n))
+    os.unlink(os.path.join(path, 'keep.txt'))
+
+@needs_bwrap
+@pytest.mark.skipif(not root, reason='the workspace quota and the small tmpfs need root')
+def test_with_room_the_run_comes_back_links_as_links():
+    "The control of the full disk: the same run into 4 MiB takes the run's files, the link as a link."
+    with _small_disk(4096) as room:
+        with open(os.path.join(room, 'keep.txt'), 'w') as f: f.write('mine')
+        sb = get_sandbox(wall_s=20, disk_mb=8, workdir=room)
+        assert sb.run(['sh', '-c', BIG]).ok
+        sb.close()
+        assert _listing(room) == {'a', 'b', 'link'} and os.path.getsize(os.path.join(room, 'b')) == 900000
+        assert os.readlink(os.path.join(room, 'link')) == '/etc/hostname' and _gone(sb.workspace)
+
+@pytest.mark.skipif(not root, reason='the workspace quota mounts a tmpfs, which needs root')
+def test_a_failed_swap_is_undone(tmp_path, monkeypatch):
+    "A rename that fails halfway through moving the run's entries in: every rename so far is undone."
+    (tmp_path / 'old1').write_text('1')
+    (tmp_path / 'old2').write_text('2')
+    ws = Workspace(str(tmp_path), disk_mb=4)
+    for n in ('new1', 'new2', 'new3'):
+        with open(os.path.join(ws.path, n), 'w') as f: f.write(n)
+    real, calls = os.rename, []
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) == 4: raise OSError(errno.EIO, os.strerror(errno.EIO), src)   # the second move in
+        return real(src, dst)
+    monkeypatch.setattr(os, 'rename', flaky)
+    with pytest.raises(UsageError, match=r'is left as it was before the run: .*Input/output error \(EIO\)$'): ws.close()
+    monkeypatch.undo()
+    assert _listing(tmp_path) == {'old1', 'old2'} and (tmp_path / 'old1').read_text() == '1'
+    assert _gone(ws) and len(calls) == 4 + 3   # four tried, then the three that succeeded undone

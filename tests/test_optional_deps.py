@@ -23,17 +23,18 @@ def requirements(extras=()):
 
 
 def closure(reqs):
-    "Canonical names of the distributions `reqs` install, with what they require in turn (their own extras left out)."
-    seen, todo = set(), [canonicalize_name(r.name) for r in reqs]
+    """Canonical names of the distributions `reqs` install, with what they require in turn, following the extras a
+    requirement asks for (`pyjwt[crypto]` brings cryptography, and with it cffi) and no others."""
+    seen, todo = set(), [(canonicalize_name(r.name), e) for r in reqs for e in ('', *r.extras)]
     while todo:
-        name = todo.pop()
-        if name in seen: continue
-        seen.add(name)
+        name, extra = todo.pop()
+        if (name, extra) in seen: continue
+        seen.add((name, extra))
         try: needs = md.requires(name) or []
         except md.PackageNotFoundError: continue    # not installed here: blocked by its own name below
-        todo += [canonicalize_name(r.name) for r in map(Requirement, needs)
-                 if r.marker is None or r.marker.evaluate({'extra': ''})]
-    return seen
+        todo += [(canonicalize_name(r.name), e) for r in map(Requirement, needs)
+                 if r.marker is None or r.marker.evaluate({'extra': extra}) for e in ('', *r.extras)]
+    return {name for name, _ in seen}
 
 
 @functools.cache

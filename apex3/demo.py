@@ -9,7 +9,8 @@ __all__ = ['DESCRIPTION', 'HEADLINE', 'demo_main', 'summary_lines', 'cpu_seconds
 import json, os, resource, sys, time
 from contextlib import contextmanager
 from pathlib import Path
-from .usage import ArgParser, run_command
+from .usage import ArgParser, in_range, run_command
+from .settings import MAX_MINUTES, check_not_empty
 
 # %% ../nbs/04_demo.ipynb #5c93159e
 DESCRIPTION = ('the headline plan and its plots, the embedded corpus through the data pipeline, '
@@ -20,11 +21,13 @@ def demo_main(argv=()):
     "Print the headline plan and write its plots as PNG files."
     p = ArgParser(prog='apex3 demo', description=DESCRIPTION)
     p.add_argument('--out', default='apex3-demo', help='folder for the plots and the data (default: %(default)s)')
-    p.add_argument('--max-files', type=int, help='only the first N library files of the embedded corpus')
-    p.add_argument('--minutes', type=float, default=1.0, help='how long to train the tiny model (default: %(default)s)')
-    p.add_argument('--agent-steps', type=int, default=1500,
+    p.add_argument('--max-files', type=in_range(int, 1), help='only the first N library files of the embedded corpus')
+    p.add_argument('--minutes', type=in_range(float, 0, MAX_MINUTES, low_open=True), default=1.0,
+                   help='how long to train the tiny model (default: %(default)s)')
+    p.add_argument('--agent-steps', type=in_range(int, 1), default=1500,
                    help='training steps that teach it the tool (default: %(default)s; times: records/demo.jsonl)')
     a = p.parse_args(argv)
+    check_not_empty(vars(a))
     passive_openmp()
     out, timings = Path(a.out), {}
     with phase(timings, 'plan'):

@@ -211,7 +211,7 @@ def demo_main(argv=()):
                    help='folder for the model, traces and figures (default: %(default)s)')
     p.add_argument('--steps', type=in_range(int, 1), default=1500,
                    help='training steps (default: %(default)s; in `apex3 demo`, with 5 questions, on 2 busy cores: '
-                        'about 80 s of CPU time, 92 to 192 s of wall time; records/demo.jsonl)')
+                        'about 90 s of CPU time, 81 s of wall time on a quiet machine; records/demo.jsonl)')
     p.add_argument('--ckpt',
                    help="fine-tune the latest checkpoint in this folder (the main job's) instead of a new model")
     p.add_argument('--tokenizer', help='the tokenizer.json of --ckpt (required with it)')

@@ -37,7 +37,7 @@ def in_range(kind=float, low=None, high=None, low_open=False):
     "An argparse `type`: a finite `kind` (int or float) in [low, high], or (low, high] with `low_open`."
     bounds = [f'{">" if low_open else ">="} {low:g}'] if low is not None else []
     bounds += [f'<= {high:g}'] if high is not None else []
-    what = ' '.join(['a whole number' if kind is int else 'a number', *bounds])
+    what = ' '.join(['a whole number' if kind is int else 'a number', ' and '.join(bounds)]).strip()
     if kind is int: high = INT_MAX if high is None else min(high, INT_MAX)
     def parse(text):
         try: x = kind(text)

@@ -9,11 +9,11 @@ __all__ = ['SUMS', 'TMP', 'ckpt_name', 'checkpoint_tokens', 'list_checkpoints', 
            'check_room', 'latest_checkpoint', 'load_component', 'load_checkpoint', 'rng_state', 'set_rng_state']
 
 # %% ../nbs/71_ckpt.ipynb #3ba48668
-import errno, hashlib, logging, os, random, re, shutil, sys
+import hashlib, logging, os, random, re, shutil, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch
-from .usage import UsageError
+from .usage import UsageError, os_error_line
 
 _log = logging.getLogger('apex3.ckpt')
 SUMS = 'SHA256SUMS'   # the checksum file in every checkpoint
@@ -182,8 +182,8 @@ def os_error_in(e) -> OSError | None:
 
 def fs_cause(e: OSError) -> str:
     "An `OSError`'s cause in words and its symbol, such as `No space left on device (ENOSPC)`."
-    name = errno.errorcode.get(e.errno)
-    return f'{e.strerror or e}' + (f' ({name})' if name else '')
+    if e.errno is None: return str(e)
+    return os_error_line(OSError(e.errno, e.strerror))   # `os_error_line` without the file: the callers place it
 
 def _where(e, final) -> str:
     "The file an error names: the component's name inside the temporary directory, else its whole path."

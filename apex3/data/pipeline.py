@@ -4,11 +4,11 @@
 
 # %% ../../nbs/5b_pipeline.ipynb #55f0d5c9
 from __future__ import annotations
-import errno, glob, inspect, json, math, os, re, shutil, sys, tempfile, time, tomllib
+import errno, glob, importlib.util, inspect, json, math, os, re, shutil, sys, tempfile, time, tomllib
 import zstandard
 from collections import Counter
 from pathlib import Path
-from ..usage import ArgParser, UsageError
+from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, os_error_line
 from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, list_shards, read_docs, read_jsonl_zst,
                              atomic_write_bytes)
 from .ingest import Source, IngestStage, open_binary
@@ -23,9 +23,10 @@ from .download import DownloadStage, run_downloads
 
 # %% auto #0
 __all__ = ['STEPS', 'KINDS', 'SCHEMA', 'SOURCE_KEYS', 'STAGE_HEADER', 'DEDUP_WORK_PER_BYTE', 'PACKED', 'ESTIMATE_MARGIN',
-           'make_step', 'config_errors', 'load_config', 'source_stages', 'pipeline_stages', 'stage_row', 'run_pipeline',
-           'bytes_per_token', 'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes', 'check_space', 'fs_error_line',
-           'check_writable', 'data_main', 'final_docs', 'all_rejects', 'output_files']
+           'make_step', 'installed', 'config_errors', 'load_config', 'source_stages', 'tokenizes', 'pipeline_stages',
+           'stage_row', 'run_pipeline', 'bytes_per_token', 'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes',
+           'check_space', 'fs_error_line', 'run_summary', 'check_writable', 'data_main', 'final_docs', 'all_rejects',
+           'output_files']
 
 # %% ../../nbs/5b_pipeline.ipynb #0c26d649
 def _decontaminate(policy='drop', n=13, humaneval=True, extra_jsonl=(), field='prompt'):
@@ -66,7 +67,7 @@ SCHEMA = {
                'shards': _int(1, 1 << 16), 'text_key': _STR, 'extensions': _STRS, 'exclude': _STRS,
                'max_line_bytes': _int(1), 'max_doc_bytes': _int(1), 'max_json_depth': _int(1, 500), 'stages': _STRS},
     'params': {},  # checked against each step's signature
-    'tokenize': {'vocab_size': _int(256, 1 << 22), 'sample_bytes': _int(1), 'tokenizer_json': _STR},
+    'tokenize': {'enabled': _BOOL, 'vocab_size': _int(256, 1 << 22), 'sample_bytes': _int(1), 'tokenizer_json': _STR},
     'long': {'enabled': _BOOL, 'min_tokens': _int(1)},
 }
 
@@ -88,6 +89,11 @@ def _has_input(kind, path, extensions) -> bool:
     if kind != 'repo': return any(os.path.isfile(f) for f in glob.iglob(path, recursive=True))
     return any(f.endswith(tuple(extensions)) for _, _, fs in os.walk(path) for f in fs)
 
+def installed(module) -> bool:
+    "Whether `module` can be imported here (found on the path and not blocked), without importing it."
+    try: return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError): return False   # a parent package missing, or a module without a spec
+
 def _source_errors(k, s, base, seen) -> list:
     "Problems of the `k`-th `[[source]]` table (its keys, types, kind, stages and inputs on disk)."
     where, errs = f'source[{k}]', _table_errors(f'source[{k}]', s, SCHEMA['source'])
@@ -102,6 +108,8 @@ def _source_errors(k, s, base, seen) -> list:
     if 'kind' not in s: errs.append(f"{where}.kind: missing (one of {', '.join(KINDS)})")
     elif good('kind') and s['kind'] not in KINDS:
         errs.append(f"{where}.kind: unknown kind {_show(s['kind'])} (one of {', '.join(KINDS)})")
+    elif s['kind'] == 'parquet' and not installed('pyarrow'):
+        errs.append(f"{where}.kind: parquet needs pyarrow: pip install -e '.[parquet]'")
     stage_names = list(STEPS) + ['dedup']
     if good('stages'):
         errs += [f"{where}.stages: unknown stage {_show(x)} (choose from {', '.join(stage_names)})"
@@ -219,10 +227,15 @@ def source_stages(s, out, params):
         prev = st.out
     s['_final'] = prev
 
+def tokenizes(cfg) -> bool:
+    "Whether a run goes on to tokenize (`[tokenize] enabled = false` stops it after the sources' last stages)."
+    return cfg.get('tokenize', {}).get('enabled', True)
+
 def pipeline_stages(cfg):
-    "Every stage of a config in order: each source's chain, then tokenizer, token shards and the long source."
+    "Every stage of a config in order: each source's chain, then (unless switched off) tokenizer, token shards, long."
     out, params = Path(cfg['pipeline']['out']), cfg.get('params', {})
     for s in cfg['source']: yield from source_stages(s, out, params)
+    if not tokenizes(cfg): return
     finals = [s['_final'] for s in cfg['source']]
     tk = cfg.get('tokenize', {})
     tt = TrainTokenizer(finals, out / 'tokenizer', tk.get('vocab_size', 8192), tk.get('sample_bytes', 64 << 20),
@@ -304,6 +317,7 @@ def run_estimate(cfg) -> tuple:
         done = len(glob.glob(str(work/'00_ingest'/'.done'/'*.json')))  # a resumed run rewrites no finished task
         sure[work/'00_ingest'] += text * ratio * max(0, 1 - done / s.get('shards', 4))
         full[work] += text * (ratio * (1 + chains + st.count('dedup')) + DEDUP_WORK_PER_BYTE * st.count('dedup'))
+        if not tokenizes(cfg): continue
         full[out/'tokens'/s['name']] += text * token_bytes
         if cfg.get('long', {}).get('enabled', True): full[out/'tokens'/'long'] += text * token_bytes
     return {k: int(v) for k, v in sure.items()}, {k: int(v) for k, v in full.items()}
@@ -349,10 +363,19 @@ def _set_params(pairs) -> dict:
     return out
 
 def fs_error_line(e: OSError) -> str:
-    "A file-system failure in one line: the path, the cause, and that the finished tasks are kept."
-    if e.filename is None and e.strerror is None: return f'{type(e).__name__}: {e}'
-    code = errno.errorcode.get(e.errno, e.errno)
-    return f'{e.filename or "?"}: {e.strerror} ({code}); finished tasks are kept: run again to resume'
+    "A file-system failure in one line: the path written, the cause, and that the finished tasks are kept."
+    if e.errno is None: return f'{type(e).__name__}: {e}'
+    if e.filename2 is not None and e.errno in STORAGE_ERRNOS:  # a copy names (source, target): the target is full
+        e = OSError(e.errno, e.strerror, e.filename2)
+    return f'{os_error_line(e)}; finished tasks are kept: run again to resume'
+
+def run_summary(cfg, recs) -> str:
+    "The report of a run: `stats.summary`, without its token table when tokenization is off (there are no tokens)."
+    from apex3.data import stats
+    if tokenizes(cfg): return stats.summary(cfg['pipeline']['out'], recs)
+    return '\n\n'.join(['tokenization is off ([tokenize] enabled = false): no token shards',
+                        'removals:\n' + stats.removals(recs).to_string(index=False),
+                        'throughput (per core):\n' + stats.throughput(recs).round(2).to_string(index=False)])
 
 def check_writable(folder):
     "Create `folder` (and its parents) and write a probe file there, so an unwritable output fails before any work."
@@ -381,6 +404,8 @@ def _data_main(argv):
     p.add_argument('--max-files', type=int, default=None, help='demo/corpus: only the first N library files')
     p.add_argument('--set', nargs='*', default=[], help='a stage: its parameters as KEY=VALUE')
     a = p.parse_args(argv)
+    if a.executor == 'ray' and not installed('ray'):   # before any work, not after the corpus is built
+        raise UsageError("--executor ray needs ray: pip install -e '.[ray]'")
     known = ('run', 'demo', 'corpus', 'dedup', *STEPS)
     if a.what not in known: raise UsageError(f"unknown stage {a.what!r} (choose from {', '.join(known)})")
     if a.what in ('demo', 'corpus'):
@@ -397,8 +422,7 @@ def _data_main(argv):
         check_writable(cfg['pipeline']['out'])
         check_space(cfg)
         recs = run_pipeline(cfg, _executor(a) if a.executor == 'ray' else None)
-        from apex3.data.stats import summary
-        print(summary(cfg['pipeline']['out'], recs))
+        print(run_summary(cfg, recs))
         return 0
     if len(a.args) != 2: raise UsageError(f'{a.what} expects SRC OUT')
     src, out = a.args

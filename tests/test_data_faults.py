@@ -239,3 +239,45 @@ def test_worker_killed_mid_task_is_one_line_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     a, b = output_files(tmp_path/'clean'), output_files(tmp_path/'out')
     assert sorted(a) == sorted(b) and all(a[k] == b[k] for k in a)  # no stale temporary file, nothing half-written
+
+DEMO_ON_TMPFS = textwrap.dedent('''
+    # as root of a private mount namespace: `apex3 data demo` onto a 64 KiB tmpfs, which the corpus copy fills
+    import json, subprocess, sys
+    from pathlib import Path
+    mnt = Path(sys.argv[1])/'mnt'
+    mnt.mkdir()
+    subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs', str(mnt)], check=True)
+    p = subprocess.run([sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())',
+                        'data', 'demo', str(mnt/'out')], capture_output=True, text=True)
+    print(json.dumps(dict(rc=p.returncode, err=p.stderr)))
+''')
+
+def test_demo_on_a_full_disk_names_the_output_path(tmp_path):
+    "The corpus copy fills the disk: the line names the file being written under OUT, not the library file read."
+    why = _can_mount()
+    if why:
+        print(f'skipped: {why}')
+        pytest.skip(why)
+    (tmp_path/'ns.py').write_text(DEMO_ON_TMPFS)
+    p = subprocess.run(['unshare', '-rm', sys.executable, str(tmp_path/'ns.py'), str(tmp_path)], env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    import json
+    res = json.loads(p.stdout.splitlines()[-1])
+    err, out = res['err'], str(tmp_path/'mnt'/'out')
+    assert res['rc'] == 2 and err.count('\n') == 1 and 'Traceback' not in err, err[-2000:]
+    assert re.fullmatch(rf'apex3 data: error: {re.escape(out)}/\S+: No space left on device \(ENOSPC\); .*\n', err), err
+    assert sys.prefix not in err and sys.base_prefix not in err, err   # no library file is named
+
+def test_a_copy_error_names_its_target_only_for_a_storage_failure(tmp_path):
+    """`shutil.copyfile` reports (source, target) for any failure: a full target names the target; the control, a
+    missing source, still names the source first, and the plain `os_error_line` (no protection) leads with the source."""
+    import errno
+    from apex3.data.pipeline import fs_error_line
+    from apex3.usage import os_error_line
+    full = OSError(errno.ENOSPC, 'No space left on device', '/lib/python/x.py', None, str(tmp_path/'out'/'x.py'))
+    assert fs_error_line(full).startswith(f"{tmp_path/'out'/'x.py'}: No space left on device (ENOSPC); ")
+    assert os_error_line(full).startswith('/lib/python/x.py -> ')
+    try: shutil.copyfile(tmp_path/'missing.py', tmp_path/'copy.py')
+    except OSError as e: missing = e
+    assert fs_error_line(missing).startswith(f"{tmp_path/'missing.py'}: No such file or directory (ENOENT)")

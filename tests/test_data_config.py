@@ -18,8 +18,9 @@ ACCEPTS = {('pipeline', 'workers'): valid_int(1, 1024), ('pipeline', 'downloads'
            ('tokenize', 'vocab_size'): valid_int(256, 1 << 22), ('tokenize', 'sample_bytes'): valid_int(1),
            ('long', 'enabled'): lambda v: type(v) is bool, ('tokenize', 'enabled'): lambda v: type(v) is bool,
            ('long', 'min_tokens'): valid_int(1)}
-KNOWN = {'pipeline': {'out', 'workers', 'downloads'}, 'tokenize': {'enabled', 'vocab_size', 'sample_bytes', 'tokenizer_json'},
-         'long': {'enabled', 'min_tokens'}, 'source': {'name', 'kind', 'path', 'url', 'urls', 'sha256', 'manifest',
+KNOWN = {'pipeline': {'out', 'workers', 'downloads'},
+         'tokenize': {'enabled', 'vocab_size', 'sample_bytes', 'tokenizer_json'}, 'long': {'enabled', 'min_tokens'},
+         'source': {'name', 'kind', 'path', 'url', 'urls', 'sha256', 'manifest',
          'shards', 'text_key', 'extensions', 'exclude', 'max_line_bytes', 'max_doc_bytes', 'max_json_depth', 'stages'}}
 CLI = 'import sys; from apex3.cli import main; sys.exit(main())'
 STAGES = {'gopher_quality', 'gopher_repetition', 'c4', 'fineweb', 'code', 'decontaminate', 'redact', 'repopack', 'dedup'}

@@ -271,7 +271,8 @@ def test_demo_on_a_full_disk_names_the_output_path(tmp_path):
 
 def test_a_copy_error_names_its_target_only_for_a_storage_failure(tmp_path):
     """`shutil.copyfile` reports (source, target) for any failure: a full target names the target; the control, a
-    missing source, still names the source first, and the plain `os_error_line` (no protection) leads with the source."""
+    missing source, still names the source first, and the plain `os_error_line` (no protection) leads with the
+    source."""
     import errno
     from apex3.data.pipeline import fs_error_line
     from apex3.usage import os_error_line

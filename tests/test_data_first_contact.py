@@ -17,15 +17,16 @@ def blocked(*modules) -> str:
         import sys
         class Block:
             def find_spec(self, name, path=None, target=None):
-                if name.split('.')[0] in {set(modules)!r}: raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)
+                if name.split('.')[0] in {set(modules)!r}:
+                    raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)
         sys.meta_path.insert(0, Block())
         for m in {list(modules)!r}: sys.modules[m] = None
     ''') + CLI
 
 def apex3(code, *args, cwd, extra_path=()):
-    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([*map(str, extra_path), str(ROOT), os.environ.get('PYTHONPATH', '')])}
-    return subprocess.run([sys.executable, '-c', code, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120)
+    path = [*map(str, extra_path), str(ROOT), os.environ.get('PYTHONPATH', '')]
+    return subprocess.run([sys.executable, '-c', code, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, 'PYTHONPATH': os.pathsep.join(path)}, timeout=120)
 
 def shards(folder):
     from apex3.data.core import Document, write_docs

@@ -370,12 +370,9 @@ def fs_error_line(e: OSError) -> str:
     return f'{os_error_line(e)}; finished tasks are kept: run again to resume'
 
 def run_summary(cfg, recs) -> str:
-    "The report of a run: `stats.summary`, without its token table when tokenization is off (there are no tokens)."
+    "The report of a run (`stats.summary`: it says when tokenization is off and there are no token shards)."
     from apex3.data import stats
-    if tokenizes(cfg): return stats.summary(cfg['pipeline']['out'], recs)
-    return '\n\n'.join(['tokenization is off ([tokenize] enabled = false): no token shards',
-                        'removals:\n' + stats.removals(recs).to_string(index=False),
-                        'throughput (per core):\n' + stats.throughput(recs).round(2).to_string(index=False)])
+    return stats.summary(cfg['pipeline']['out'], recs)
 
 def check_writable(folder):
     "Create `folder` (and its parents) and write a probe file there, so an unwritable output fails before any work."

@@ -109,7 +109,9 @@ def summary(out, recs=None) -> str:
     "A text report of a run: tokens per source, removals, rates, throughput."
     recs = recs if recs is not None else load_markers(out)
     pd.set_option('display.width', 160)
-    return '\n\n'.join(['tokens per source:\n' + token_stats(out).to_string(index=False),
+    tokens = ('tokens per source:\n' + token_stats(out).to_string(index=False) if Path(out, 'tokens').is_dir()
+              else 'tokenization is off ([tokenize] enabled = false): no token shards')
+    return '\n\n'.join([tokens,
                         'removals:\n' + removals(recs).to_string(index=False),
                         'rates:\n' + json.dumps(rates(recs), indent=1),
                         'throughput (per core):\n' + throughput(recs).round(2).to_string(index=False)])

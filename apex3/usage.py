@@ -27,8 +27,9 @@ class ArgParser(argparse.ArgumentParser):
         return ns
 
 def _shown(text):
-    "`text` itself, or as Python writes it (quoted, escaped) where it is empty or a character in it is not printable."
-    return text if text and text.isprintable() else repr(text)
+    """`text` itself, or as Python writes it (quoted, escaped) where it is empty, starts or ends with a space (a line
+    would lose it) or holds a character that is not printable."""
+    return text if text and text.isprintable() and text == text.strip() else repr(text)
 
 # %% ../nbs/000_usage.ipynb #7cb2dac5
 INT_MAX = 2**63 - 1   # the largest whole number C, NumPy and torch take

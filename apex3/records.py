@@ -115,7 +115,8 @@ def device_gpu(name=None):
     from apex3.plan import gpu_for_device
     memory_gib = None
     if name is None and torch.cuda.is_available():
-        name, memory_gib = torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / GiB
+        dev = torch.cuda.current_device()   # the name and the memory of one device
+        name, memory_gib = torch.cuda.get_device_name(dev), torch.cuda.get_device_properties(dev).total_memory / GiB
     return gpu_for_device(name or '', memory_gib)
 
 def device_peak_tflops(name=None, precision='bf16'):

@@ -62,13 +62,17 @@ def broken_promises(out) -> list:
     return bad
 
 
+def broken(out, log_text=None) -> list:
+    "Every promise of the README the demo folder `out` (and its printed output `log_text`, when given) does not keep."
+    return missing_files(out) + broken_promises(out) + (missing_lines(log_text) if log_text is not None else [])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split(':')[0])
     p.add_argument('out', nargs='?', default='apex3-demo', help='the demo folder (default: %(default)s)')
     p.add_argument('--log', help="the demo's printed output, to check the lines it promises")
     a = p.parse_args(argv)
-    bad = missing_files(a.out) + broken_promises(a.out)
-    if a.log: bad += missing_lines(Path(a.log).read_text(errors='replace'))
+    bad = broken(a.out, Path(a.log).read_text(errors='replace') if a.log else None)
     for b in bad: print(f'missing: {b}', file=sys.stderr)
     if not bad: print(f'{a.out}: every file and line the README promises is there')
     return 1 if bad else 0

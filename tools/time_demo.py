@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'tools'))
-from demo_files import broken_promises, missing_files, missing_lines   # noqa: E402
+from demo_files import broken   # noqa: E402
 
 
 def first_command(readme=ROOT / 'README.md') -> str:
@@ -85,7 +85,7 @@ def main(argv=None):
     demo = timed(demo_cmd, cwd, env, log) if not install or install['rc'] == 0 else None
     out = Path(cwd) / 'apex3-demo'
     phases = json.loads(t.read_text()) if (t := out / 'timings.json').is_file() else {}
-    missing = missing_files(out) + broken_promises(out) + missing_lines(log.read_text(errors='replace'))
+    missing = broken(out, log.read_text(errors='replace'))
     rec = dict(kind='demo', command=cmd if a.fresh else demo_cmd, fresh=a.fresh,
                ran_commit=subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=cwd, capture_output=True,
                                          text=True).stdout.strip() or None,

@@ -635,7 +635,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'apex3.data.redact.family_recall': ('redact.html#family_recall', 'apex3/data/redact.py'),
                                    'apex3.data.redact.finds': ('redact.html#finds', 'apex3/data/redact.py'),
                                    'apex3.data.redact.leaks': ('redact.html#leaks', 'apex3/data/redact.py'),
-                                   'apex3.data.redact.replaced_whole': ('redact.html#replaced_whole', 'apex3/data/redact.py'),
                                    'apex3.data.redact.secret_cases': ('redact.html#secret_cases', 'apex3/data/redact.py'),
                                    'apex3.data.redact.secret_values': ('redact.html#secret_values', 'apex3/data/redact.py'),
                                    'apex3.data.redact.suite_table': ('redact.html#suite_table', 'apex3/data/redact.py'),

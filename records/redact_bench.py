@@ -16,7 +16,8 @@ import argparse, functools, os, platform, random, shlex, statistics, sys, syscon
 from collections import Counter
 from pathlib import Path
 from apex3.data.core import stdlib_files
-from apex3.data.redact import Redact, family_cases, replaced_whole, detect_secrets_found, finds, FAMILIES
+from apex3.data.redact import (Redact, family_cases, whole_replaced, PLACEHOLDER_RE, detect_secrets_found, finds,
+                               FAMILIES)
 from apex3.data.scrub import scrub
 from apex3.records import append_records
 
@@ -25,8 +26,8 @@ def recall_records(seeds) -> list:
     step, out = Redact(), []
     for seed in seeds:
         cases = family_cases(random.Random(seed))
-        found = {'apex3': [replaced_whole(c, step.redact(c['prefix'] + c['secret'] + c['suffix'], Counter()))
-                           for c in cases],
+        outs = [step.redact(c['prefix'] + c['secret'] + c['suffix'], Counter()) for c in cases]
+        found = {'apex3': [whole_replaced(c, o, PLACEHOLDER_RE) for c, o in zip(cases, outs)],
                  'detect-secrets': detect_secrets_found(cases)}
         for impl, fs in found.items():
             for fam in FAMILIES:

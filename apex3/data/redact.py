@@ -10,8 +10,8 @@ from .core import Document, Step
 from .scrub import SECRET_PLUGINS, FAMILY_RULES, FAMILIES, redacted_preview, scrub
 
 # %% auto #0
-__all__ = ['SUITE_KINDS', 'PLACEHOLDER_RE', 'Redact', 'fake_secrets', 'secret_values', 'secret_cases', 'whole_replaced',
-           'suite_table', 'family_cases', 'replaced_whole', 'family_recall', 'detect_secrets_found', 'leaks', 'finds']
+__all__ = ['SECRET_OR_EMAIL_RE', 'SUITE_KINDS', 'PLACEHOLDER_RE', 'Redact', 'fake_secrets', 'secret_values', 'secret_cases',
+           'whole_replaced', 'suite_table', 'family_cases', 'family_recall', 'detect_secrets_found', 'leaks', 'finds']
 
 # %% ../../nbs/55_redact.ipynb #9668e7a8
 class Redact(Step):
@@ -104,11 +104,13 @@ def secret_cases(rng, n=240) -> list:
         out.append(dict(kind=kind, where=where, prefix=pre, secret=vals[kind], suffix=post))
     return out
 
-def whole_replaced(case, out) -> bool:
-    "Is `out` the case's prefix, one placeholder, and its suffix?"
+SECRET_OR_EMAIL_RE = re.compile(r'<(?:SECRET_[A-Z0-9_]+|EMAIL)>')
+
+def whole_replaced(case, out, placeholder=SECRET_OR_EMAIL_RE) -> bool:
+    "Is `out` the case's prefix, one `placeholder` (a secret's or an email's unless told), and its suffix?"
     pre, post = case['prefix'], case['suffix']
     mid = out[len(pre):len(out) - len(post)] if out.startswith(pre) and out.endswith(post) else None
-    return mid is not None and re.fullmatch(r'<(?:SECRET_[A-Z0-9_]+|EMAIL)>', mid) is not None
+    return mid is not None and placeholder.fullmatch(mid) is not None
 
 # %% ../../nbs/55_redact.ipynb #90e32d55
 def suite_table(cases, outs):
@@ -329,12 +331,6 @@ def family_cases(rng, rounds=2) -> list:
 
 # %% ../../nbs/55_redact.ipynb #dcb46078
 PLACEHOLDER_RE = re.compile(r'<(?:SECRET_[A-Z0-9_]+|EMAIL|PHONE|IP_ADDRESS)>')
-
-def replaced_whole(case, out) -> bool:
-    "Is `out` the case's prefix, one placeholder of any kind, and its suffix?"
-    pre, post = case['prefix'], case['suffix']
-    mid = out[len(pre):len(out) - len(post)] if out.startswith(pre) and out.endswith(post) else None
-    return mid is not None and PLACEHOLDER_RE.fullmatch(mid) is not None
 
 def family_recall(cases, found) -> 'pd.DataFrame':
     "Per family: cases, found, recall (`found`: one bool per case)."

@@ -215,7 +215,8 @@ def busy_worker(pid, stage_glob, timeout=60) -> int:
 def test_worker_killed_mid_task_is_one_line_and_resumes(tmp_path):
     "SIGKILL of one pool worker from outside: exit 2, one line naming the task; a rerun resumes to a clean run's bytes."
     from apex3.data.pipeline import output_files
-    corpus(tmp_path/'raw', n_files=4, docs=200)
+    # tasks of a second or more, so that the worker found busy is still in the first stage when it is killed
+    corpus(tmp_path/'raw', n_files=4, docs=1500)
     clean = apex3('data', 'run', config(tmp_path, tmp_path/'clean', workers=2))
     assert clean.returncode == 0, clean.stderr[-2000:]
     cfg = config(tmp_path, tmp_path/'out', workers=2)

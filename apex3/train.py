@@ -28,7 +28,7 @@ from dataclasses import dataclass, asdict
 from pathlib import Path
 import numpy as np
 import torch, torch.distributed as dist
-from .usage import UsageError
+from .usage import UsageError, probe_writable
 from .settings import (TrainSettings, RunSettings, ScheduleSettings, CheckpointSettings, train_parser,
                             trainer_settings, run_settings, run_config, run_flags, with_flags, worker_flags,
                             changed_flags, check_train_settings, check_device, check_job)
@@ -447,13 +447,10 @@ def _fs_errors(what, path):
 
 def _writable(folder, flag, given=None):
     "Create `folder` (and its parents) and a file in it; an error names `flag` and its value `given` (`folder`)."
-    import tempfile
     given = folder if given is None else given
     if Path(folder).exists() and not Path(folder).is_dir():
         raise UsageError(f'{flag} {given}: {folder} is a file, not a folder')
-    with _fs_errors(flag, given):
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder): pass
+    with _fs_errors(flag, given): probe_writable(folder)
 
 def check_outputs(s: TrainSettings, d):
     "Everything rank 0 writes is writable, before anything is built: checkpoints, the step log, TensorBoard."

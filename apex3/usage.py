@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['INT_MAX', 'STORAGE_ERRNOS', 'UsageError', 'ArgParser', 'in_range', 'run_command', 'is_fs_error', 'os_error_line',
-           'free_port', 'load_target', 'commands_usage']
+           'probe_writable', 'free_port', 'load_target', 'commands_usage']
 
 # %% ../nbs/000_usage.ipynb #6c0ec4ff
-import argparse, errno, importlib, math, os, re, sys
+import argparse, errno, importlib, math, os, re, sys, tempfile
 
 # %% ../nbs/000_usage.ipynb #236a152d
 class UsageError(ValueError):
@@ -79,6 +79,11 @@ def os_error_line(e: OSError) -> str:
                         for f in (e.filename, e.filename2) if f is not None)
     cause = f'{e.strerror or os.strerror(e.errno)} ({errno.errorcode.get(e.errno, e.errno)})'
     return f'{files}: {cause}' if files else cause
+
+def probe_writable(folder):
+    "Create `folder` (and its parents) and a file in it: an `OSError` before any work, not after the work that writes."
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder): pass
 
 def _refuse(name, message):
     print(f'apex3 {name}: error: {_one_line(message)}', file=sys.stderr)

@@ -4,11 +4,11 @@
 
 # %% ../../nbs/5b_pipeline.ipynb #55f0d5c9
 from __future__ import annotations
-import errno, glob, importlib.util, inspect, json, math, os, re, shutil, sys, tempfile, time, tomllib
+import errno, glob, importlib.util, inspect, json, math, os, re, shutil, sys, time, tomllib
 import zstandard
 from collections import Counter
 from pathlib import Path
-from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, os_error_line
+from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, os_error_line, probe_writable
 from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, list_shards, read_docs, read_jsonl_zst,
                              atomic_write_bytes)
 from .ingest import Source, IngestStage, open_binary
@@ -376,12 +376,7 @@ def run_summary(cfg, recs) -> str:
 
 def check_writable(folder):
     "Create `folder` (and its parents) and write a probe file there, so an unwritable output fails before any work."
-    folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix='.write-probe.')
-        os.close(fd)
-        os.unlink(probe)
+    try: probe_writable(folder)
     except OSError as e:
         raise UsageError(f'cannot write to {folder}: {e.strerror} ({errno.errorcode.get(e.errno)})') from None
 

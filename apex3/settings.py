@@ -11,7 +11,7 @@ __all__ = ['MAX_LR', 'MAX_GIB', 'MAX_MINUTES', 'MAX_SECONDS', 'MAX_TOKENS', 'TOK
            'settings_from_flags', 'settings_from_args', 'trainer_settings', 'run_flags', 'changed_flags', 'with_flags',
            'check_ranges', 'check_not_empty', 'check_run_settings', 'check_diloco_settings', 'check_train_settings',
            'check_device', 'check_job', 'worker_flags', 'check_bench_settings', 'run_config', 'run_settings',
-           'check_train_argv', 'check_bench_argv']
+           'check_train_argv', 'bench_settings', 'check_bench_argv']
 
 # %% ../nbs/23_settings.ipynb #f1565210
 import argparse, dataclasses, typing
@@ -435,7 +435,7 @@ def check_train_settings(s: TrainSettings):
     check_ranges(s)
     _check_data(s)
     _check_ckpt(s.ckpt)
-    check_run_settings(s.run)
+    _check_offload(s.run.offload, s.run.compile.recompute)   # the run's ranges were checked with the rest above
     if s.run.offload.step_overlap:
         raise UsageError('--step-overlap is for apex3.bench: the trainer skips non-finite steps, and a step that '
                          'updated parameters during backward cannot be undone')
@@ -497,7 +497,10 @@ def check_train_argv(argv):
     "Parse and check `apex3 train` flags without torch: a `UsageError` for bad ones."
     check_train_settings(trainer_settings(train_parser(check_only=True).parse_args(argv)))
 
+def bench_settings(a) -> tuple:
+    "`(RunSettings, BenchSettings)` of the parsed `apex3 bench` flags: the one conversion, for the check and the run."
+    return settings_from_args(a), settings_from_flags(BenchSettings, vars(a))
+
 def check_bench_argv(argv):
     "Parse and check `apex3 bench` flags without torch: a `UsageError` for bad ones."
-    a = bench_parser(check_only=True).parse_args(argv)
-    check_bench_settings(settings_from_args(a), settings_from_flags(BenchSettings, vars(a)))
+    check_bench_settings(*bench_settings(bench_parser(check_only=True).parse_args(argv)))

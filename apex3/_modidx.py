@@ -583,7 +583,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'apex3.data.pipeline.pipeline_stages': ('pipeline.html#pipeline_stages', 'apex3/data/pipeline.py'),
                                      'apex3.data.pipeline.run_estimate': ('pipeline.html#run_estimate', 'apex3/data/pipeline.py'),
                                      'apex3.data.pipeline.run_pipeline': ('pipeline.html#run_pipeline', 'apex3/data/pipeline.py'),
-                                     'apex3.data.pipeline.run_summary': ('pipeline.html#run_summary', 'apex3/data/pipeline.py'),
                                      'apex3.data.pipeline.source_stages': ('pipeline.html#source_stages', 'apex3/data/pipeline.py'),
                                      'apex3.data.pipeline.source_text': ('pipeline.html#source_text', 'apex3/data/pipeline.py'),
                                      'apex3.data.pipeline.stage_row': ('pipeline.html#stage_row', 'apex3/data/pipeline.py'),

@@ -25,8 +25,7 @@ from .download import DownloadStage, run_downloads
 __all__ = ['STEPS', 'KINDS', 'SCHEMA', 'SOURCE_KEYS', 'STAGE_HEADER', 'DEDUP_WORK_PER_BYTE', 'PACKED', 'ESTIMATE_MARGIN',
            'make_step', 'installed', 'config_errors', 'load_config', 'source_stages', 'tokenizes', 'pipeline_stages',
            'stage_row', 'run_pipeline', 'bytes_per_token', 'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes',
-           'check_space', 'fs_error_line', 'run_summary', 'check_writable', 'data_main', 'final_docs', 'all_rejects',
-           'output_files']
+           'check_space', 'fs_error_line', 'check_writable', 'data_main', 'final_docs', 'all_rejects', 'output_files']
 
 # %% ../../nbs/5b_pipeline.ipynb #0c26d649
 def _decontaminate(policy='drop', n=13, humaneval=True, extra_jsonl=(), field='prompt'):
@@ -369,11 +368,6 @@ def fs_error_line(e: OSError) -> str:
         e = OSError(e.errno, e.strerror, e.filename2)
     return f'{os_error_line(e)}; finished tasks are kept: run again to resume'
 
-def run_summary(cfg, recs) -> str:
-    "The report of a run (`stats.summary`: it says when tokenization is off and there are no token shards)."
-    from apex3.data import stats
-    return stats.summary(cfg['pipeline']['out'], recs)
-
 def check_writable(folder):
     "Create `folder` (and its parents) and write a probe file there, so an unwritable output fails before any work."
     try: probe_writable(folder)
@@ -414,7 +408,8 @@ def _data_main(argv):
         check_writable(cfg['pipeline']['out'])
         check_space(cfg)
         recs = run_pipeline(cfg, _executor(a) if a.executor == 'ray' else None)
-        print(run_summary(cfg, recs))
+        from apex3.data.stats import summary   # pandas, only once there is a run to report
+        print(summary(cfg['pipeline']['out'], recs))
         return 0
     if len(a.args) != 2: raise UsageError(f'{a.what} expects SRC OUT')
     src, out = a.args

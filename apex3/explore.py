@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['memory_figure', 'days_curve', 'days_figure', 'search_heatmap', 'save_plan_figures', 'LivePlots', 'Explorer',
-           'static_html', 'explorer']
+           'explorer']
 
 # %% ../nbs/02_explore.ipynb #46021d6b
 import base64, html, time
@@ -222,19 +222,20 @@ class Explorer:
         c = list(self.controls.values())
         return W.VBox([W.HBox([W.VBox(c[:7]), W.VBox(c[7:])]), self.summary, self.image])
 
-def static_html(self) -> str:
-    "The explorer as it stands, for pages where widgets do not run (GitHub, the HTML book): its summary and plots."
-    picture = f'<img src="data:image/png;base64,{base64.b64encode(self.image.value).decode()}">' if self.plan else ''
-    return self.summary.value + picture
-Explorer.static_html = static_html
+    def static_html(self) -> str:
+        "The explorer as it stands, for pages where widgets do not run (GitHub, the HTML book): summary and plots."
+        png = base64.b64encode(self.image.value).decode()
+        picture = f'<img src="data:image/png;base64,{png}">' if self.plan else ''
+        return self.summary.value + picture
 
-def _show(self):
-    """A notebook shows an `Explorer` as its widgets, not as `<Explorer at 0x…>`; the same output carries the static
-    picture, which a page without widgets (or a notebook not yet trusted) shows instead of the widget's placeholder."""
-    bundle = self.widget()._repr_mimebundle_()
-    bundle.update({'text/html': self.static_html(), 'text/plain': 'The explorer: run this cell to change the plan.'})
-    display(bundle, raw=True)
-Explorer._ipython_display_ = _show
+    def _ipython_display_(self):
+        """A notebook shows an `Explorer` as its widgets, not as `<Explorer at 0x…>`; the same output carries the
+        static picture, which a page without widgets (or a notebook not yet trusted) shows instead of the widget's
+        placeholder."""
+        bundle = self.widget()._repr_mimebundle_()
+        bundle.update({'text/html': self.static_html(),
+                       'text/plain': 'The explorer: run this cell to change the plan.'})
+        display(bundle, raw=True)
 
 def explorer() -> Explorer:
     "The planner's explorer: the last value of a notebook cell, it shows itself; keep it to drive it from code."

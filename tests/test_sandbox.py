@@ -2,18 +2,19 @@
 import contextlib, errno, io, os, shutil, stat, subprocess, tempfile
 import pytest
 from apex3.usage import UsageError, run_command
-from apex3.agent.sandbox import (SUITE_LIMITS as SUITE, SUITE_ROWS, BAIT_VAR, BwrapSandbox, DockerSandbox, Limits,
-                                 NullSandbox, Workspace, bwrap_argv, control_suite, escape_suite, escape_table,
-                                 get_sandbox, sandbox_main, _docker_client)
+from apex3.agent.sandbox import BwrapSandbox, DockerSandbox, Limits, Workspace, bwrap_argv, get_sandbox, docker_client
+from apex3.agent.escapes import (SUITE_LIMITS as SUITE, SUITE_ROWS, BAIT_VAR, NullSandbox, control_suite, escape_suite,
+                                 escape_table, sandbox_main)
 
 SUITE_LIMITS = Limits(**SUITE)
 NEW_ROWS = ['host environment', 'ptrace outside', 'nested userns', 'disk fill', '/tmp, /dev/shm fill', 'open files']
 root = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not root, reason='the workspace quota mounts a tmpfs, which needs root')
 needs_bwrap = pytest.mark.skipif(shutil.which('bwrap') is None and not os.environ.get('CI'),
                                  reason='bubblewrap is not installed (tools/ci_agent_setup.sh installs it)')
 
 def _docker_or_skip():
-    try: _docker_client()
+    try: docker_client()
     except UsageError as e:
         print(f'docker tests skipped: {e}')
         pytest.skip(str(e))
@@ -86,7 +87,7 @@ def test_python_tool_never_sees_the_host_environment(monkeypatch):
         assert 'sk-planted-4242' in python_tool(leaky).fn(dict(code=code))
 
 @needs_bwrap
-@pytest.mark.skipif(not root, reason='the workspace quota mounts a tmpfs, which needs root')
+@needs_root
 def test_workspace_quota_holds_across_runs_and_a_named_folder():
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, 'keep.txt'), 'w') as f: f.write('mine')
@@ -104,7 +105,7 @@ def test_workspace_quota_holds_across_runs_and_a_named_folder():
         assert os.path.getsize(os.path.join(big, 'big')) == 2 << 20  # refused, and nothing lost
     finally: shutil.rmtree(big)
 
-@pytest.mark.skipif(not root, reason='the workspace quota mounts a tmpfs, which needs root')
+@needs_root
 def test_copy_back_never_follows_a_link():
     "A link the sandbox leaves in a named folder comes back as a link: the host file it names is untouched."
     with tempfile.TemporaryDirectory() as d, tempfile.NamedTemporaryFile('w', delete=False) as host:
@@ -204,7 +205,7 @@ def _result_in_p(path):
     with open(os.path.join(path, 'p', 'result.txt'), 'w') as f: f.write('work\n')
 
 @needs_bwrap
-@pytest.mark.skipif(not root, reason='the workspace quota mounts a tmpfs, which needs root')
+@needs_root
 def test_a_fifo_gives_way_to_the_sandboxs_folder(tmp_path, caplog):
     "The named folder holds a fifo `p`; the command makes a folder `p` with its result: the result comes back."
     (tmp_path / 'keep.txt').write_text('mine')
@@ -221,9 +222,9 @@ def test_a_fifo_gives_way_to_the_sandboxs_folder(tmp_path, caplog):
     assert isinstance(_control(str(tmp_path), _result_in_p), shutil.Error)
     assert _listing(tmp_path) == {'keep.txt', 'p'} and stat.S_ISFIFO(os.lstat(tmp_path / 'p').st_mode)
 
+@needs_root
 def test_a_fifo_the_sandbox_never_touched_stays(tmp_path):
     "A socket or fifo of the named folder that the sandbox made nothing in place of is left where it is."
-    if not root: pytest.skip('the workspace quota mounts a tmpfs, which needs root')
     os.mkfifo(tmp_path / 'pipe')
     ws = Workspace(str(tmp_path), disk_mb=4)
     with open(os.path.join(ws.path, 'new.txt'), 'w') as f: f.write('new')
@@ -233,7 +234,7 @@ def test_a_fifo_the_sandbox_never_touched_stays(tmp_path):
 BIG = 'head -c 300000 /dev/zero > a; head -c 900000 /dev/zero > b; ln -s /etc/hostname link; rm keep.txt'
 
 @needs_bwrap
-@pytest.mark.skipif(not root, reason='the workspace quota and the small tmpfs need root')
+@needs_root
 def test_a_full_disk_during_copy_back_leaves_the_folder_as_it_was():
     "1.2 MB back into a 1 MiB folder: one line naming the file and ENOSPC, status 2, the folder as before the run."
     with _small_disk(1024) as full:
@@ -259,7 +260,7 @@ def _fill(path):
     os.unlink(os.path.join(path, 'keep.txt'))
 
 @needs_bwrap
-@pytest.mark.skipif(not root, reason='the workspace quota and the small tmpfs need root')
+@needs_root
 def test_with_room_the_run_comes_back_links_as_links():
     "The control of the full disk: the same run into 4 MiB takes the run's files, the link as a link."
     with _small_disk(4096) as room:
@@ -270,7 +271,7 @@ def test_with_room_the_run_comes_back_links_as_links():
         assert _listing(room) == {'a', 'b', 'link'} and os.path.getsize(os.path.join(room, 'b')) == 900000
         assert os.readlink(os.path.join(room, 'link')) == '/etc/hostname' and _gone(sb.workspace)
 
-@pytest.mark.skipif(not root, reason='the workspace quota mounts a tmpfs, which needs root')
+@needs_root
 def test_a_failed_swap_is_undone(tmp_path, monkeypatch):
     "A rename that fails halfway through moving the run's entries in: every rename so far is undone."
     (tmp_path / 'old1').write_text('1')

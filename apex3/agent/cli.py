@@ -12,7 +12,7 @@ from ..usage import UsageError, commands_usage, load_target, run_command
 AGENT_COMMANDS = {
     'tools': ('apex3.agent.mcp:tools_main', "list an MCP server's tools as JSON (--mcp 'CMD ARGS' or --mcp-url URL)"),
     'call': ('apex3.agent.mcp:call_main', "call one tool of an MCP server: --mcp 'CMD ARGS' TOOL 'JSON-ARGS'"),
-    'sandbox': ('apex3.agent.sandbox:sandbox_main', 'run one command in the sandbox: [--backend bwrap|docker] -- CMD'),
+    'sandbox': ('apex3.agent.escapes:sandbox_main', 'run one command in the sandbox: [--backend bwrap|docker] -- CMD'),
     'replay': ('apex3.agent.loop:replay_main', 'replay an agent trace (JSONL) and check it is identical'),
     'demo': ('apex3.agent.demo:demo_main', 'fine-tune a tiny model to call a python tool, then measure it'),
 }

@@ -4,13 +4,14 @@
 
 # %% auto #0
 __all__ = ['SkillError', 'check_front_matter', 'Skill', 'load_skill', 'load_skills', 'example_skills_dir', 'skill_catalog',
-           'place_scripts', 'run_script']
+           'place_scripts']
 
 # %% ../../nbs/64_skills.ipynb #e6411688
 import html, logging, os, re, shutil, stat
 from dataclasses import dataclass, field
 from pathlib import Path
 import yaml
+from fastcore.basics import patch
 from .sandbox import get_sandbox
 
 # %% ../../nbs/64_skills.ipynb #382be21d
@@ -185,7 +186,8 @@ def place_scripts(skill, workdir):
 # %% ../../nbs/64_skills.ipynb #7b0e21c4
 _RUNNERS = {'.py': ['python3'], '.sh': ['sh']}
 
-def run_script(skill, name, args=(), sandbox=None, stdin=None, timeout=None):
+@patch
+def run_script(skill: Skill, name, args=(), sandbox=None, stdin=None, timeout=None):
     "Run scripts/NAME of `skill` in `sandbox` (a fresh default sandbox when None); a SandboxResult."
     script = skill._inside('scripts', name)
     sb = sandbox or get_sandbox()
@@ -195,5 +197,3 @@ def run_script(skill, name, args=(), sandbox=None, stdin=None, timeout=None):
         return sb.run(_RUNNERS.get(script.suffix, []) + [inside, *map(str, args)], stdin=stdin, timeout=timeout)
     finally:
         if sandbox is None: sb.close()
-
-Skill.run_script = run_script

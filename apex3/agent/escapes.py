@@ -9,7 +9,7 @@ __all__ = ['BAIT_VAR', 'ESCAPES', 'SUITE_ROWS', 'SUITE_LIMITS', 'HostBait', 'esc
 # %% ../../nbs/62a_escapes.ipynb #b9bd1fdf
 import contextlib, json, os, secrets, shutil, signal, socket, subprocess, sys, tempfile, threading, time, weakref
 from dataclasses import replace
-from ..usage import UsageError, ArgParser, os_error_line, run_command
+from ..usage import UsageError, ArgParser, in_range, os_error_line, run_command
 from .sandbox import (SANDBOX_UID, BwrapSandbox, DockerSandbox, Limits, Sandbox, SandboxResult,
                                  docker_client, get_sandbox, run_limited, tree_mb)
 
@@ -478,9 +478,11 @@ def _exit_status(r):
 def _sandbox_parser():
     p = ArgParser(prog='apex3 agent sandbox', description='Run one command in the agent sandbox.')
     p.add_argument('--backend', choices=['bwrap', 'docker'], default='bwrap')
-    p.add_argument('--timeout', type=float, default=30.0, help='wall-clock limit in seconds')
-    p.add_argument('--memory', type=int, default=512, help='memory limit in MiB')
-    p.add_argument('--disk', type=int, default=Limits.disk_mb, help='workspace quota in MiB, all files together')
+    p.add_argument('--timeout', type=in_range(float, 0, low_open=True), default=Limits.wall_s,
+                   help='wall-clock limit in seconds')
+    p.add_argument('--memory', type=in_range(int, 16), default=Limits.memory_mb, help='memory limit in MiB')
+    p.add_argument('--disk', type=in_range(int, 1), default=Limits.disk_mb,
+                   help='workspace quota in MiB, all files together')
     p.add_argument('--workdir', help='host folder mounted as the writable /workspace (default: a fresh one)')
     p.add_argument('--escape-suite', action='store_true', help='run the escape suite on the backend instead')
     return p
@@ -501,8 +503,6 @@ def sandbox_main(argv=None):
     if '--' not in argv:
         raise UsageError('give the command after --, e.g. apex3 agent sandbox -- python3 -c "print(1)"')
     if not cmd: raise UsageError('no command after --')
-    if a.timeout <= 0 or a.memory < 16 or a.disk < 1:
-        raise UsageError('--timeout must be > 0, --memory at least 16 MiB and --disk at least 1 MiB')
     with get_sandbox(a.backend, memory_mb=a.memory, wall_s=a.timeout, workdir=a.workdir, disk_mb=a.disk) as sb:
         r = sb.run(cmd)
         _report(r, a.timeout)   # before the workspace closes: a copy back that fails still shows what the command did

@@ -6,21 +6,30 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / 'tools'))
 from demo_files import FILES, LINES, broken_promises, missing_files, missing_lines   # noqa: E402
-from time_demo import first_command   # noqa: E402
+from readme_commands import readme_command   # noqa: E402
 
 
-def ci_extract(pattern):
-    "What `.ci/run`'s sed line for `pattern` extracts from README.md."
-    sed = next(l for l in (ROOT / '.ci/run').read_text().splitlines() if pattern in l and 'sed -n' in l)
-    cmd = sed.split('$(', 1)[1].rsplit(')', 1)[0]
+def ci_extract(kind):
+    "What `.ci/run` finds for `kind`: the command line of its `kind`_cmd assignment, run from the repository root."
+    line = next(l for l in (ROOT / '.ci/run').read_text().splitlines() if l.startswith(f'{kind}_cmd=$('))
+    cmd = line.split('$(', 1)[1].rsplit(')', 1)[0]
     return subprocess.run(['bash', '-c', cmd], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def test_ci_runs_the_readme_first_command():
-    cmd = ci_extract('apex3 demo')
-    assert cmd == first_command() == 'pip install -e . torch==2.13.0 && apex3 demo'
+    cmd = ci_extract('first')
+    assert cmd == readme_command('first') == 'pip install -e . torch==2.13.0 && apex3 demo'
     assert '[' not in cmd, 'no extras: the base install only'
-    assert ci_extract('pytest').endswith('pytest -n 2'), 'the test command is still found apart from it'
+    assert ci_extract('test').endswith('pytest -n 2'), 'the test command is still found apart from it'
+
+
+def test_a_readme_without_the_command_is_one_line(tmp_path):
+    (tmp_path / 'README.md').write_text('# apex3\n\n    pip install -e .\n')
+    r = subprocess.run([sys.executable, '-c', f'import sys; sys.path.insert(0, {str(ROOT / "tools")!r}); '
+                        f'from readme_commands import readme_command; readme_command("first", '
+                        f'__import__("pathlib").Path({str(tmp_path / "README.md")!r}))'], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.strip() == \
+        'could not find the first command (pip install .*apex3 demo) in README.md'
 
 
 def complete_demo(out: Path, loss_last=5.0):

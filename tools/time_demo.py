@@ -4,19 +4,13 @@ first on PATH), checks every file and line the README promises (tools/demo_files
 `records/demo.jsonl`: wall and CPU seconds of the install, of the job and of each of its phases, the machine's core
 count and its load average before and after, and the figures that show the job worked. Without `--fresh` it times
 `apex3 demo` as found on PATH. The README's claim is about a quiet machine: the load average says how quiet it was."""
-import argparse, json, os, re, resource, shutil, subprocess, sys, tempfile, time
+import argparse, json, os, resource, shutil, subprocess, sys, tempfile, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'tools'))
 from demo_files import broken   # noqa: E402
-
-
-def first_command(readme=ROOT / 'README.md') -> str:
-    "The README's first command (the line that installs apex3 and runs `apex3 demo`), as .ci/run finds it."
-    for line in readme.read_text().splitlines():
-        if re.match(r'^pip install .*apex3 demo', line.strip()): return line.strip()
-    raise SystemExit('could not find the first command (pip install ... apex3 demo) in README.md')
+from readme_commands import readme_command   # noqa: E402
 
 
 def children_cpu() -> float:
@@ -76,7 +70,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     work = Path(a.work or tempfile.mkdtemp(prefix='apex3-time-demo-'))
     work.mkdir(parents=True, exist_ok=True)
-    log, cmd = work / 'demo.log', first_command()
+    log, cmd = work / 'demo.log', readme_command('first')
     install_cmd, demo_cmd = (c.strip() for c in cmd.split('&&', 1))
     load_before = os.getloadavg()
     if a.fresh: cwd, env = fresh_checkout(work)

@@ -17,9 +17,10 @@ from ..usage import UsageError
 from ..optim import build_optimizer, muon_update_chunk, muon_group_kwargs
 # the step's chunk size and device room: the planner (chapter 21_offload_plan) models the step with the same numbers
 from .constants import GiB, CHUNK_BYTES, RING_CHUNKS, MASTER_BYTES
-from .memory import (GPU_HEADROOM, PinnedPool, accumulate_, host_available_bytes, split_master_,
-                                  join_master_)
+from .memory import GPU_HEADROOM, PinnedPool, accumulate_, host_available_bytes
+from .memory import split_master_, join_master_
 from .overlap import EarlyStream
+
 _log = logging.getLogger(__name__)
 
 # %% ../../nbs/20a_host_optim.ipynb #d76b10eb

@@ -21,7 +21,7 @@ from .memory import GPU_HEADROOM, PinnedPool, accumulate_, host_available_bytes
 from .memory import split_master_, join_master_
 from .overlap import EarlyStream
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger('apex3.offload')   # one name for the package's modules and their notebooks
 
 # %% ../../nbs/20a_host_optim.ipynb #d76b10eb
 def _n_state(group):

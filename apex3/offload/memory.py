@@ -18,7 +18,7 @@ from .constants import GiB, GPU_HEADROOM_GIB, ACT_PREFETCH_GIB
 try: import triton, triton.language as tl
 except ImportError: triton = tl = None   # masters split and join in PyTorch
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger('apex3.offload')   # one name for the package's modules and their notebooks
 
 # %% ../../nbs/20_offload_memory.ipynb #4104e659
 def host_available_bytes() -> int:

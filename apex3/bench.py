@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['KERNEL_KINDS', 'ALLOCATOR_COUNTS', 'random_tokens', 'copy_gbs', 'measure_link', 'kernel_kind', 'overlap_s', 'span_s',
            'exposure', 'kernel_spans', 'profile_phase', 'allocator_counts', 'phase_memory', 'bench', 'HostWatchdog',
-           'bench_main', 'main', 'plot_memory_phases', 'host_parts', 'plot_host_breakdown',
-           'plot_predicted_vs_measured']
+           'bench_main', 'main', 'toy_steps', 'tiny_run', 'h200_records', 'h200_table', 'alloc_retries',
+           'plot_memory_phases', 'host_parts', 'plot_host_breakdown', 'plot_predicted_vs_measured', 'masters_pair']
 
 # %% ../nbs/25_bench.ipynb #84e65c23
 import sys
@@ -20,12 +20,14 @@ if __name__ == '__main__' and not hasattr(sys, 'ps1') and (rc := run_command('be
 import contextlib, dataclasses, logging, math, os, statistics, threading, time
 import torch
 from .usage import UsageError
-from .config import param_counts
-from .records import append_records, device_peak_tflops, GiB
-from .optim import fused_here
-from .model import fa3_version
+from .config import param_counts, get_config
+from .records import append_records, device_peak_tflops, load_records, records_path, GiB
+from .optim import fused_here, build_optimizer
+from .model import fa3_version, Transformer
 from .settings import (RunSettings, BenchSettings, bench_parser, bench_settings, settings_from_args,
                             run_flags, check_run_settings, check_bench_settings, check_device)
+from .offload.memory import PinnedPool
+from .offload.host_optim import OffloadOptimizer
 from .run import Run, micro_flops, micro_step, last_micro_starts, optimizer_step, status_gib, host_memory
 
 _log = logging.getLogger('apex3.bench')
@@ -67,7 +69,7 @@ def _sync(device):
 
 def _compute_done(device):
     """Wait for the compute stream only, at the edges of the timed phases: an offloaded step may leave its write-backs
-    going down beside the next micro-batches (chapter `20_offload`), and a step's time counts what they hold up, not
+    going down beside the next micro-batches (chapter `20a_host_optim`), and a step's time counts what they hold up, not
     what they overlap."""
     if device.type == 'cuda': torch.cuda.current_stream(device).synchronize()
 
@@ -287,7 +289,7 @@ def _bench(s, b, dog):
 class HostWatchdog:
     "Stop the run, with one line and a `bench_failed` record, when the host has less than `floor_gib` left."
     def __init__(self, json_path=None, floor_gib=2.0, every_s=0.5, on_trip=None, available=None):
-        from apex3.offload import host_available_bytes
+        from apex3.offload.memory import host_available_bytes
         self.json_path, self.floor_gib, self.every_s = json_path, floor_gib, every_s
         self.on_trip, self.available = on_trip or (lambda: os._exit(3)), available or host_available_bytes
         self.state, self.done = dict(phase='set-up'), threading.Event()   # `state`: what the run does, for the record
@@ -332,6 +334,55 @@ def main(argv=None) -> int:
     return run_command('bench', bench_main, argv)
 
 if __name__ == '__main__' and not hasattr(sys, 'ps1'): sys.exit(main())  # not when a notebook runs this cell
+
+# %% ../nbs/25_bench.ipynb #f72870e5
+def toy_steps(m, opt, n, g, micro=2, preloaded=None, early=None):
+    """Per-micro-batch losses of `n` optimizer steps of `micro` random micro-batches drawn from generator `g`; with a
+    list `preloaded`, each step's last micro-batch starts with `opt.preload()` and the list gets how many chunks it
+    loaded; with a list `early`, it gets the GiB each step streamed during its last backward."""
+    out, dev = [], next(m.parameters()).device
+    for _ in range(n):
+        for i in range(micro):
+            if preloaded is not None and i == micro - 1:
+                opt.preload()
+                preloaded.append(len(opt.preloader.loaded))
+            x = torch.randint(0, m.cfg.vocab_size, (2, 33), generator=g).to(dev)
+            loss = m(x[:, :-1], x[:, 1:]) / micro
+            loss.backward()
+            out.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+        m.update_router_biases()
+        if early is not None: early.append(opt.timings['early_gib'])
+    return out
+
+def tiny_run(offload, steps=4, micro=2, seed=0, device='cpu', dtype=torch.float32, preloaded=None, early=None,
+             momentum_dtype=None, **kw):
+    """Per-step losses and final parameters of `tiny`, with or without the host optimizer (`OffloadOptimizer` with
+    `kw`), and its preload (see `toy_steps`)."""
+    torch.manual_seed(seed)
+    m = Transformer(get_config('tiny')).to(device=device, dtype=dtype)
+    opt = (OffloadOptimizer(m, pool=PinnedPool(2**26, pin=device == 'cuda'), momentum_dtype=momentum_dtype, **kw)
+           if offload else build_optimizer(m, momentum_dtype=momentum_dtype))
+    losses = toy_steps(m, opt, steps, torch.Generator().manual_seed(seed + 1), micro, preloaded, early)
+    if offload: opt.settle()   # a pipelined step may still be updating
+    return losses, [p.detach().clone() for p in m.parameters()]
+
+# %% ../nbs/25_bench.ipynb #1124c68f
+def h200_records():
+    "The `bench` records of `records/bench.jsonl` that ran on an H200, oldest first."
+    return [r for r in load_records(records_path('bench.jsonl'), 'bench') if 'H200' in r.get('device', '')]
+
+def h200_table(pick, **cols):
+    "The H200 records that `pick` selects, oldest first: their commit, depth and the columns `cols` computes."
+    import pandas as pd
+    rows = [dict(commit=r['git_commit'][:7], layers=r['cfg']['n_layers'], **{k: f(r) for k, f in cols.items()})
+            for r in h200_records() if pick(r)]
+    return pd.DataFrame(rows).set_index('commit').round(3)
+
+def alloc_retries(r):
+    "The caching allocator's retries a step (`num_alloc_retries`) of bench record `r`, where it says."
+    return (r.get('allocator_per_step') or {}).get('num_alloc_retries')
 
 # %% ../nbs/25_bench.ipynb #bf2c1750
 def plot_memory_phases(rec):
@@ -392,3 +443,11 @@ def plot_predicted_vs_measured(pvm):
         ax.set(xlim=(0, hi), ylim=(0, hi), xlabel='predicted', ylabel='measured', title=title)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/25_bench.ipynb #53bf3a84
+def masters_pair(records):
+    """Of `bench` records (oldest first), the latest run that took the same steps with split and whole masters, its
+    experts in BF16: {'split': record, 'fp32': record}."""
+    bf16 = [r for r in records if r['flags'].get('fp8_experts', 'off') == 'off']
+    commit = [r for r in bf16 if r['flags'].get('offload_masters') == 'fp32'][-1]['git_commit']
+    return {r['flags'].get('offload_masters', 'fp32'): r for r in bf16 if r['git_commit'] == commit}

@@ -49,7 +49,8 @@ def test_offload_bf16_momentum_resumes(tmp_path):
     "The host optimizer, Muon's momentum in BF16, through a checkpoint: the dtype stays, the run goes on bit for bit."
     from apex3.config import get_config
     from apex3.model import Transformer
-    from apex3.offload import OffloadOptimizer, PinnedPool
+    from apex3.offload.host_optim import OffloadOptimizer
+    from apex3.offload.memory import PinnedPool
     def built():
         torch.manual_seed(0)
         m = Transformer(get_config('tiny'))

@@ -237,7 +237,7 @@ def test_offload_workers(tmp_path, data):
     """Two `--offload` workers (the host optimizer runs on a CPU device too) through files: identical global states, and
     the round wrote the FP32 host masters, the model holding their BF16 rounding."""
     from apex3.ckpt import latest_checkpoint, load_checkpoint
-    from apex3.offload import join_master_
+    from apex3.offload.memory import join_master_
     for p in [worker(tmp_path, data, r, 8, '--offload') for r in (0, 1)]: done(p)
     assert final_global(tmp_path / 'd0') == final_global(tmp_path / 'd1') and final_global(tmp_path / 'd0')[0] == 2
     ck = load_checkpoint(latest_checkpoint(tmp_path / 'ck0'))   # at step 8: just after round 2

@@ -76,7 +76,8 @@ def test_offload_step_recasts_the_weights():
     FP8 cache would serve the old weights; the benchmark's and trainer's `optimizer_step` announces the step."""
     from types import SimpleNamespace
     from apex3.bench import optimizer_step
-    from apex3.offload import OffloadOptimizer, PinnedPool
+    from apex3.offload.host_optim import OffloadOptimizer
+    from apex3.offload.memory import PinnedPool
     from apex3.fp8_experts import quantized_weights, weights_stepped
     torch.manual_seed(0)
     model = Transformer(get_config('tiny'))

@@ -61,7 +61,7 @@ def assert_one_line(rc, out, err):
 
 def test_every_flag_is_covered():
     "The table above names every flag of the parser: a new flag without bad values fails here."
-    from apex3.offload_plan import _plan_parser
+    from apex3.offload.plan import _plan_parser
     flags = {s for a in _plan_parser()._actions for s in a.option_strings if s.startswith('--')}
     assert flags - {'--help', '--json'} == set(FLAGS)
 

@@ -1,6 +1,6 @@
 "Do an H2D and a D2H on two streams run at once, by kind of host memory and with the step's event ordering?  usage: python3 tools/alias_probe.py OUT.json"
 import time, json, sys, torch
-from apex3.offload import _alias
+from apex3.offload.memory import _alias
 n = 2**int(sys.argv[2]) if len(sys.argv) > 2 else 2**28
 slab, slab2 = (torch.empty(4 * n, dtype=torch.uint8, pin_memory=True) for _ in range(2))
 hosts = {'pinned': [torch.empty(n, dtype=torch.uint8, pin_memory=True) for _ in range(2)],

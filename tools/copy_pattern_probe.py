@@ -1,7 +1,7 @@
 """The offloaded step's copy pattern alone (no update), with its stream orderings removed one at a time: which one keeps
 the two directions apart?   usage: python3 tools/copy_pattern_probe.py OUT.json"""
 import json, sys, time, torch
-from apex3.offload import PinnedPool
+from apex3.offload.memory import PinnedPool
 K, n = 8, 2**26   # chunks, FP32 elements per tensor (256 MiB)
 pool = PinnedPool(K * 3 * n * 4 + 2**30)
 host = [[pool.alloc((n,), torch.float32) for _ in range(3)] for _ in range(K)]   # master, state, gradient

@@ -5,7 +5,7 @@ import torch
 from apex3.bench import copy_gbs, kernel_spans, overlap_s
 from apex3.config import get_config
 from apex3.model import Transformer
-from apex3.offload import OffloadOptimizer
+from apex3.offload.host_optim import OffloadOptimizer
 
 def _sync():
     if torch.cuda.is_available(): torch.cuda.synchronize()

@@ -6,7 +6,7 @@ import torch
 from apex3.bench import copy_gbs, kernel_spans, overlap_s
 from apex3.config import get_config
 from apex3.model import Transformer
-from apex3.offload import OffloadOptimizer, _crossing_bytes
+from apex3.offload.host_optim import OffloadOptimizer, _crossing_bytes
 
 def _step_bytes(opt):
     "Bytes one step moves each way: every offloaded slot's kept master and its state."

@@ -3,7 +3,8 @@ offload sent it to the host. The second micro-batch is listed (the first compile
     usage (GPU host, repo root): python3 tools/saved_tensors.py <apex3.bench flags>"""
 import collections, sys
 import torch
-from apex3 import bench as B, offload as O, run as R
+from apex3 import bench as B, run as R
+from apex3.offload import memory as O
 
 def main(argv):
     s, b = B.bench_settings(B.bench_parser().parse_args(argv))

@@ -1,7 +1,7 @@
 """Which part of the offloaded optimizer step keeps its uploads and downloads apart? Unprofiled step walls of C with two
 layers with parts of the update swapped out.   usage: python3 tools/step_bisect.py OUT.json [VARIANT ...]"""
 import json, os, sys, torch
-import apex3.offload as off, apex3.optim as optim
+import apex3.offload.host_optim as off, apex3.optim as optim   # off._update: where the step calls it
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from link_probe import step_walls, two_layer_offload
 

@@ -6,7 +6,9 @@ named below to OUT.json.gz (milliseconds from the last micro-batch's start) for 
 import collections, gzip, json, sys, tempfile, time
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
-from apex3 import bench as B, offload as O
+from apex3 import bench as B
+from apex3.offload.host_optim import OffloadOptimizer
+from apex3.offload.overlap import EarlyStream
 
 def labelled(owner, name, label):
     "Wrap method `name` of `owner` in a profiler range `label` (a no-op outside the profiler)."
@@ -15,8 +17,8 @@ def labelled(owner, name, label):
         with record_function(label): return f(*args, **kw)
     setattr(owner, name, wrapped)
 
-for owner, name, label in ((O.EarlyStream, 'issue', 'issue early chunk'), (O.EarlyStream, 'gradient_final', 'gradient final'),
-                           (O.OffloadOptimizer, 'step', 'optimizer step'), (O.EarlyStream, 'finish', 'finish early')):
+for owner, name, label in ((EarlyStream, 'issue', 'issue early chunk'), (EarlyStream, 'gradient_final', 'gradient final'),
+                           (OffloadOptimizer, 'step', 'optimizer step'), (EarlyStream, 'finish', 'finish early')):
     labelled(owner, name, label)
 
 out, a = sys.argv[1], B.bench_parser().parse_args(sys.argv[2:])

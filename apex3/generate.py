@@ -36,6 +36,12 @@ class StaticCache:
     @property
     def nbytes(self): return 2 * self.k.numel() * self.k.element_size()
 
+    def rows(self, first, n=1):
+        "Rows `first`..`first + n - 1` as a cache of their own: views of the same memory, written through."
+        view = copy.copy(self)
+        view.k, view.v, view.batch = self.k[:, first:first + n], self.v[:, first:first + n], n
+        return view
+
 # %% ../nbs/11_generate.ipynb #343b3fcd
 def query_doc_starts(tokens, pos, doc, eos_id):
     "First position of each query's document [B, T]: `doc` [B] for the first token, then after every EOS fed before it."
@@ -420,15 +426,17 @@ class Generator:
         finally: cfg.recompile_limit = limit
 
     @torch.no_grad()
-    def prefill(self, rows, start=None, doc=None):
-        "Feed ragged token lists `rows` from positions `start` at once: (last logits [B, V], positions, doc starts)."
+    def prefill(self, rows, start=None, doc=None, first_row=0):
+        """Feed ragged token lists `rows` from positions `start` at once into the cache's rows from `first_row` on:
+        (last logits [B, V], positions, doc starts). A server fills a free row this way while the others decode."""
         B, lens = len(rows), torch.tensor([len(r) for r in rows], device=self.device)
         start = torch.zeros(B, dtype=torch.long, device=self.device) if start is None else start
         doc = torch.zeros_like(start) if doc is None else doc
         # never an EOS: it would move doc starts
         pad = 1 if self.eos_id == 0 else 0
         tokens = torch.tensor([r + [pad] * (int(lens.max()) - len(r)) for r in rows], device=self.device)
-        h = cached_hidden(self.model, self.cache, tokens, start, doc)
+        cache = self.cache if first_row == 0 else self.cache.rows(first_row, B)
+        h = cached_hidden(self.model, cache, tokens, start, doc)
         last, rows, pos = lens - 1, torch.arange(B, device=self.device), start + lens
         logits = head_logits(self.model.lm_head, h[rows, last])
         at = start[:, None] + torch.arange(tokens.shape[1], device=self.device)

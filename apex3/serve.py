@@ -9,7 +9,7 @@ __all__ = ['MAX_BODY', 'MAX_STOP', 'MAX_TOP_LOGPROBS', 'ROLES', 'RECORDS_FILE', 
            'Batcher', 'TextStream', 'Choice', 'decode_choices', 'Server', 'ChatTurn', 'completions', 'chat', 'serving',
            'serve_parser', 'serve_main', 'NumberTokenizer', 'bench_serve', 'serve_table', 'plot_serve']
 
-# %% ../nbs/74_serve.ipynb #28ce28f5
+# %% ../nbs/74_serve.ipynb #6c513e07
 import asyncio, concurrent.futures, contextlib, hmac, itertools, json, logging, math, queue, threading, time, uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +24,7 @@ from .usage import ArgParser, UsageError, in_range, run_command
 
 _log = logging.getLogger('apex3.serve')
 
-# %% ../nbs/74_serve.ipynb #8d20b0dd
+# %% ../nbs/74_serve.ipynb #db24eebe
 class BadRequest(Exception):
     "A request the server refuses: an HTTP status and an OpenAI-style error body, the server untouched."
     def __init__(self, message, status=400, param=None, kind='invalid_request_error'):
@@ -100,7 +100,7 @@ def parse_prompts(body, encode, vocab) -> list:
         raise BadRequest(f'a prompt token id is outside the vocabulary [0, {vocab})', param='prompt')
     return ids
 
-# %% ../nbs/74_serve.ipynb #4f733121
+# %% ../nbs/74_serve.ipynb #1fa1c2a4
 ROLES = ('system', 'user', 'assistant', 'tool')
 
 def _content(m, i):
@@ -155,7 +155,7 @@ def parse_tools(body) -> list | None:
     if not ok: raise BadRequest("'tools' must be a list of {type: function, function: {name, ...}}", param='tools')
     return tools or None
 
-# %% ../nbs/74_serve.ipynb #43bd945c
+# %% ../nbs/74_serve.ipynb #9797c23c
 class Texts:
     """One face for the tokenizers a checkpoint decodes with (`apex3.train`'s `HFTokenizer`, `ByteTokenizer`, or a
     `tokenizers.Tokenizer`): text to ids, ids to text with or without the special tokens (chat needs them)."""
@@ -185,7 +185,7 @@ def token_logprobs(logits, tokens, top):
     v, i = lp.topk(top, -1)
     return [(c, dict(zip(ii, vv))) for c, ii, vv in zip(chosen, i.tolist(), v.tolist())]
 
-# %% ../nbs/74_serve.ipynb #2113e364
+# %% ../nbs/74_serve.ipynb #bb7e31a4
 @dataclass(eq=False)
 class Row:
     "A job decoding in one row of the cache: how it samples, the tokens it may still take, its next logits, where."
@@ -291,7 +291,7 @@ class Batcher:
         if why: job.put(('done', why))
         return why is None
 
-# %% ../nbs/74_serve.ipynb #038e3973
+# %% ../nbs/74_serve.ipynb #3abb9cdb
 class TextStream:
     """Token ids in, text out as it becomes final: a tail that is not whole UTF-8 yet, or that may be the start of a
     stop string, is held back; at a stop string the text ends, the stop string not included (OpenAI's rule)."""
@@ -319,7 +319,7 @@ class TextStream:
         self.sent += len(out)
         return out
 
-# %% ../nbs/74_serve.ipynb #fbeb255e
+# %% ../nbs/74_serve.ipynb #b2ceac23
 def _now(): return int(time.time())
 
 def _logprobs_block(entries, texts, offset):
@@ -370,7 +370,7 @@ async def decode_choices(batcher, prompts, params, stop_ids, make_stream):
     finally:
         for j in jobs: j.cancelled = True   # done, or the client went away: no row decodes for nobody
 
-# %% ../nbs/74_serve.ipynb #dc40d767
+# %% ../nbs/74_serve.ipynb #de3b1ad4
 class Server:
     """The OpenAI API over one model: `app` is a Starlette application (`GET /v1/models`, `POST /v1/completions`,
     `POST /v1/chat/completions`) that any ASGI server runs; `apex3 serve` runs it with uvicorn."""
@@ -461,7 +461,7 @@ class Server:
         return JSONResponse({**head, 'choices': [final(i, c, ''.join(t), e) for i, (c, t, e) in enumerate(cs)],
                              'usage': usage([c for c, _, _ in cs])})
 
-# %% ../nbs/74_serve.ipynb #ae98b74b
+# %% ../nbs/74_serve.ipynb #27900012
 def _no_constant(name): raise ValueError(f'{name} is not JSON')
 
 async def _http_error(request, exc):
@@ -525,14 +525,18 @@ async def completions(srv, body):
 async def chat(srv, body):
     "`POST /v1/chat/completions`: render the messages with the chat template; tool calls parsed as the reply streams."
     max_key = 'max_completion_tokens' if 'max_completion_tokens' in body else 'max_tokens'
-    params = parse_params(body, srv.batcher.max_len, default_max=None, max_key=max_key)
+    params = parse_params(body, 2**31, default_max=None, max_key=max_key)   # clipped to the cache below
     if params.logprobs is not None or params.echo:
         raise BadRequest("'logprobs' and 'echo' are for /v1/completions on this server", param='logprobs')
     msgs, tools = parse_messages(body), parse_tools(body)
     try: prompt = render_chat(msgs, tools, add_generation_prompt=True, template=srv.template)
     except TemplateError as e: raise BadRequest(f'the messages do not fit the chat template: {e}', param='messages')
     ids = srv.texts.encode(prompt)
-    if params.max_tokens is None: params.max_tokens = max(1, srv.batcher.max_len - len(ids))   # the rest of the cache
+    room = srv.batcher.max_len - len(ids)
+    if room < 1: raise BadRequest(f'the conversation is {len(ids)} tokens; this server holds {srv.batcher.max_len}',
+                                  param='messages')
+    # a reply runs at most to the end of the cache (an agent's budget may be larger than what is left)
+    params.max_tokens = room if params.max_tokens is None else min(room, params.max_tokens)
     srv.batcher.check(ids, params)
     stops = set() if params.ignore_eos else srv.chat_stops
     decode = lambda t: srv.texts.decode(t, specials=True)
@@ -555,7 +559,7 @@ async def chat(srv, body):
     choices = decode_choices(srv.batcher, [ids], params, stops, lambda: TextStream(decode, params.stop))
     return await srv.reply('chat.completion', choices, body, params, chunk, final, len(ids))
 
-# %% ../nbs/74_serve.ipynb #0b48931a
+# %% ../nbs/74_serve.ipynb #636cfcaa
 @contextlib.contextmanager
 def serving(app, host='127.0.0.1', port=0):
     "Run `app` with uvicorn on a thread of this process; yields its base URL (`http://HOST:PORT/v1`)."
@@ -572,7 +576,7 @@ def serving(app, host='127.0.0.1', port=0):
         server.should_exit = True
         t.join(10)
 
-# %% ../nbs/74_serve.ipynb #42373650
+# %% ../nbs/74_serve.ipynb #1d382ad3
 def serve_parser():
     p = ArgParser(prog='apex3 serve', description='Serve a trained checkpoint over the OpenAI API '
                   '(/v1/models, /v1/completions, /v1/chat/completions).')
@@ -615,7 +619,7 @@ def serve_main(argv=None) -> int:
     "`apex3 serve CKPT [--host H] [--port P] [--api-key KEY] [...]`: the OpenAI API over a checkpoint."
     return run_command('serve', _serve, argv)
 
-# %% ../nbs/74_serve.ipynb #5873f4b4
+# %% ../nbs/74_serve.ipynb #47eaf713
 RECORDS_FILE = 'serve.jsonl'   # records/serve.jsonl
 CONCURRENCY = (1, 4, 16)
 

@@ -244,3 +244,29 @@ def test_apex3_serve_process(demo):
     finally:
         p.terminate()
         p.wait(30)
+
+
+# --- the loop over HTTP ----------------------------------------------------------------------------------------------
+
+def test_loop_drives_the_demo_model_over_http(server, demo, tmp_path):
+    """The tool-use demo's model behind the server, the agent loop in front through `RemoteModel`: it calls the python
+    tool (run for real), reads the result and answers; events stream to the caller; the trace replays offline."""
+    from apex3.agent.loop import replay, run_agent
+    from apex3.agent.remote import RemoteModel
+    from apex3.agent.tools import SubprocessRunner, python_tool
+    from apex3.cli import run_cli
+    _, _, url = server
+    _, _, train, *_ = demo
+    q, code, value = train[1]
+    seen = []
+    res = run_agent(RemoteModel(url, 'demo'), [python_tool(SubprocessRunner(), timeout=10)],
+                    [{'role': 'user', 'content': q}], max_turns=3, max_tokens=200, on_event=seen.append,
+                    trace=tmp_path / 't.jsonl')
+    assert res.calls == [('python', {'code': code}, f'= {value}\n')]
+    assert (res.reason, res.answer) == ('answer', f'The answer is {value}.')
+    assert [e for e in seen if e[0] in ('call', 'result')] == [('call', 'python', {'code': code}),
+                                                               ('result', 'python', f'= {value}\n')]
+    assert replay(tmp_path / 't.jsonl') == (2, None)
+    rc, out, err = run_cli('agent', 'run', '--model-url', url, '--model', 'demo', '--python', '--max-tokens', '300',
+                           '--prompt', q)
+    assert rc == 0 and f'= {value}' in out and out.rstrip().splitlines()[-2] == f'The answer is {value}.', out + err

@@ -9,7 +9,7 @@ __all__ = ['MAX_BODY', 'MAX_STOP', 'MAX_TOP_LOGPROBS', 'ROLES', 'RECORDS_FILE', 
            'Batcher', 'TextStream', 'Choice', 'decode_choices', 'Server', 'ChatTurn', 'completions', 'chat', 'serving',
            'serve_parser', 'serve_main', 'NumberTokenizer', 'bench_serve', 'serve_table', 'plot_serve']
 
-# %% ../nbs/74_serve.ipynb #6c513e07
+# %% ../nbs/74_serve.ipynb #3dac4db9
 import asyncio, concurrent.futures, contextlib, hmac, itertools, json, logging, math, queue, threading, time, uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +24,7 @@ from .usage import ArgParser, UsageError, in_range, run_command
 
 _log = logging.getLogger('apex3.serve')
 
-# %% ../nbs/74_serve.ipynb #db24eebe
+# %% ../nbs/74_serve.ipynb #18c81376
 class BadRequest(Exception):
     "A request the server refuses: an HTTP status and an OpenAI-style error body, the server untouched."
     def __init__(self, message, status=400, param=None, kind='invalid_request_error'):
@@ -100,7 +100,7 @@ def parse_prompts(body, encode, vocab) -> list:
         raise BadRequest(f'a prompt token id is outside the vocabulary [0, {vocab})', param='prompt')
     return ids
 
-# %% ../nbs/74_serve.ipynb #1fa1c2a4
+# %% ../nbs/74_serve.ipynb #5cabb78b
 ROLES = ('system', 'user', 'assistant', 'tool')
 
 def _content(m, i):
@@ -155,7 +155,7 @@ def parse_tools(body) -> list | None:
     if not ok: raise BadRequest("'tools' must be a list of {type: function, function: {name, ...}}", param='tools')
     return tools or None
 
-# %% ../nbs/74_serve.ipynb #9797c23c
+# %% ../nbs/74_serve.ipynb #32ba9c11
 class Texts:
     """One face for the tokenizers a checkpoint decodes with (`apex3.train`'s `HFTokenizer`, `ByteTokenizer`, or a
     `tokenizers.Tokenizer`): text to ids, ids to text with or without the special tokens (chat needs them)."""
@@ -185,7 +185,7 @@ def token_logprobs(logits, tokens, top):
     v, i = lp.topk(top, -1)
     return [(c, dict(zip(ii, vv))) for c, ii, vv in zip(chosen, i.tolist(), v.tolist())]
 
-# %% ../nbs/74_serve.ipynb #bb7e31a4
+# %% ../nbs/74_serve.ipynb #5006381b
 @dataclass(eq=False)
 class Row:
     "A job decoding in one row of the cache: how it samples, the tokens it may still take, its next logits, where."
@@ -291,7 +291,7 @@ class Batcher:
         if why: job.put(('done', why))
         return why is None
 
-# %% ../nbs/74_serve.ipynb #3abb9cdb
+# %% ../nbs/74_serve.ipynb #eca2144b
 class TextStream:
     """Token ids in, text out as it becomes final: a tail that is not whole UTF-8 yet, or that may be the start of a
     stop string, is held back; at a stop string the text ends, the stop string not included (OpenAI's rule)."""
@@ -319,7 +319,7 @@ class TextStream:
         self.sent += len(out)
         return out
 
-# %% ../nbs/74_serve.ipynb #b2ceac23
+# %% ../nbs/74_serve.ipynb #cc3de959
 def _now(): return int(time.time())
 
 def _logprobs_block(entries, texts, offset):
@@ -370,13 +370,14 @@ async def decode_choices(batcher, prompts, params, stop_ids, make_stream):
     finally:
         for j in jobs: j.cancelled = True   # done, or the client went away: no row decodes for nobody
 
-# %% ../nbs/74_serve.ipynb #de3b1ad4
+# %% ../nbs/74_serve.ipynb #0047d7b5
 class Server:
     """The OpenAI API over one model: `app` is a Starlette application (`GET /v1/models`, `POST /v1/completions`,
     `POST /v1/chat/completions`) that any ASGI server runs; `apex3 serve` runs it with uvicorn."""
     def __init__(self, model, tok, name='apex3', api_key=None, max_batch=8, max_len=2048, compile=False,
                  max_body=MAX_BODY, template=CHAT_TEMPLATE):
-        self.texts, self.name, self.api_key, self.max_body, self.template = Texts(tok), name, api_key, max_body, template
+        self.texts, self.name, self.api_key, self.max_body = Texts(tok), name, api_key, max_body
+        self.template = template
         self.batcher = Batcher(model, max_batch, max_len, compile)
         self.eos = model.cfg.eos_id
         end = self.texts.token_id('<|im_end|>')
@@ -461,7 +462,7 @@ class Server:
         return JSONResponse({**head, 'choices': [final(i, c, ''.join(t), e) for i, (c, t, e) in enumerate(cs)],
                              'usage': usage([c for c, _, _ in cs])})
 
-# %% ../nbs/74_serve.ipynb #27900012
+# %% ../nbs/74_serve.ipynb #401a7ca3
 def _no_constant(name): raise ValueError(f'{name} is not JSON')
 
 async def _http_error(request, exc):
@@ -495,7 +496,8 @@ class ChatTurn:
         return content, calls
 
     def finish_reason(self, choice):
-        return None if choice.finish is None else 'tool_calls' if self.calls and choice.finish == 'stop' else choice.finish
+        if choice.finish == 'stop' and self.calls: return 'tool_calls'
+        return choice.finish
 
 async def completions(srv, body):
     "`POST /v1/completions`: continue each prompt; `echo` and `logprobs` give the prompt's log-probabilities too."
@@ -559,7 +561,7 @@ async def chat(srv, body):
     choices = decode_choices(srv.batcher, [ids], params, stops, lambda: TextStream(decode, params.stop))
     return await srv.reply('chat.completion', choices, body, params, chunk, final, len(ids))
 
-# %% ../nbs/74_serve.ipynb #636cfcaa
+# %% ../nbs/74_serve.ipynb #3a5ba34d
 @contextlib.contextmanager
 def serving(app, host='127.0.0.1', port=0):
     "Run `app` with uvicorn on a thread of this process; yields its base URL (`http://HOST:PORT/v1`)."
@@ -576,7 +578,7 @@ def serving(app, host='127.0.0.1', port=0):
         server.should_exit = True
         t.join(10)
 
-# %% ../nbs/74_serve.ipynb #1d382ad3
+# %% ../nbs/74_serve.ipynb #88f4acc2
 def serve_parser():
     p = ArgParser(prog='apex3 serve', description='Serve a trained checkpoint over the OpenAI API '
                   '(/v1/models, /v1/completions, /v1/chat/completions).')
@@ -619,7 +621,7 @@ def serve_main(argv=None) -> int:
     "`apex3 serve CKPT [--host H] [--port P] [--api-key KEY] [...]`: the OpenAI API over a checkpoint."
     return run_command('serve', _serve, argv)
 
-# %% ../nbs/74_serve.ipynb #47eaf713
+# %% ../nbs/74_serve.ipynb #056b96a8
 RECORDS_FILE = 'serve.jsonl'   # records/serve.jsonl
 CONCURRENCY = (1, 4, 16)
 

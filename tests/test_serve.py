@@ -108,7 +108,8 @@ def test_streaming_equals_whole(server, demo):
     _, _, train, *_ = demo
     msgs, _ = conversation(train[1], True)
     for m in (msgs[:1], msgs[:3]):   # a tool call; a text answer
-        whole = client.chat.completions.create(model='demo', messages=m, tools=[PYTHON_SCHEMA], temperature=0).choices[0]
+        whole = client.chat.completions.create(model='demo', messages=m, tools=[PYTHON_SCHEMA],
+                                               temperature=0).choices[0]
         parts = _streamed(client.chat.completions.create(model='demo', messages=m, tools=[PYTHON_SCHEMA],
                                                          temperature=0, stream=True))
         calls = [(t.function.name, t.function.arguments) for t in whole.message.tool_calls or []]

@@ -9,8 +9,8 @@ __all__ = ['MAX_BODY', 'MAX_STOP', 'MAX_TOP_LOGPROBS', 'ROLES', 'RECORDS_FILE', 
            'Batcher', 'TextStream', 'Choice', 'decode_choices', 'Server', 'ChatTurn', 'completions', 'chat', 'serving',
            'serve_parser', 'serve_main', 'NumberTokenizer', 'bench_serve', 'serve_table', 'plot_serve']
 
-# %% ../nbs/74_serve.ipynb #3dac4db9
-import asyncio, concurrent.futures, contextlib, hmac, itertools, json, logging, math, queue, threading, time, uuid
+# %% ../nbs/74_serve.ipynb #b02efa23
+import asyncio, concurrent.futures, contextlib, hmac, itertools, json, logging, math, os, queue, threading, time, uuid
 from dataclasses import dataclass
 from typing import Callable
 from jinja2.exceptions import TemplateError
@@ -24,7 +24,7 @@ from .usage import ArgParser, UsageError, in_range, run_command
 
 _log = logging.getLogger('apex3.serve')
 
-# %% ../nbs/74_serve.ipynb #18c81376
+# %% ../nbs/74_serve.ipynb #86506e09
 class BadRequest(Exception):
     "A request the server refuses: an HTTP status and an OpenAI-style error body, the server untouched."
     def __init__(self, message, status=400, param=None, kind='invalid_request_error'):
@@ -100,7 +100,7 @@ def parse_prompts(body, encode, vocab) -> list:
         raise BadRequest(f'a prompt token id is outside the vocabulary [0, {vocab})', param='prompt')
     return ids
 
-# %% ../nbs/74_serve.ipynb #5cabb78b
+# %% ../nbs/74_serve.ipynb #19937e0e
 ROLES = ('system', 'user', 'assistant', 'tool')
 
 def _content(m, i):
@@ -155,7 +155,7 @@ def parse_tools(body) -> list | None:
     if not ok: raise BadRequest("'tools' must be a list of {type: function, function: {name, ...}}", param='tools')
     return tools or None
 
-# %% ../nbs/74_serve.ipynb #32ba9c11
+# %% ../nbs/74_serve.ipynb #d223b4c9
 class Texts:
     """One face for the tokenizers a checkpoint decodes with (`apex3.train`'s `HFTokenizer`, `ByteTokenizer`, or a
     `tokenizers.Tokenizer`): text to ids, ids to text with or without the special tokens (chat needs them)."""
@@ -185,7 +185,7 @@ def token_logprobs(logits, tokens, top):
     v, i = lp.topk(top, -1)
     return [(c, dict(zip(ii, vv))) for c, ii, vv in zip(chosen, i.tolist(), v.tolist())]
 
-# %% ../nbs/74_serve.ipynb #5006381b
+# %% ../nbs/74_serve.ipynb #ee72e146
 @dataclass(eq=False)
 class Row:
     "A job decoding in one row of the cache: how it samples, the tokens it may still take, its next logits, where."
@@ -291,7 +291,7 @@ class Batcher:
         if why: job.put(('done', why))
         return why is None
 
-# %% ../nbs/74_serve.ipynb #eca2144b
+# %% ../nbs/74_serve.ipynb #e69f0bc9
 class TextStream:
     """Token ids in, text out as it becomes final: a tail that is not whole UTF-8 yet, or that may be the start of a
     stop string, is held back; at a stop string the text ends, the stop string not included (OpenAI's rule)."""
@@ -319,7 +319,7 @@ class TextStream:
         self.sent += len(out)
         return out
 
-# %% ../nbs/74_serve.ipynb #cc3de959
+# %% ../nbs/74_serve.ipynb #288c45c8
 def _now(): return int(time.time())
 
 def _logprobs_block(entries, texts, offset):
@@ -370,7 +370,7 @@ async def decode_choices(batcher, prompts, params, stop_ids, make_stream):
     finally:
         for j in jobs: j.cancelled = True   # done, or the client went away: no row decodes for nobody
 
-# %% ../nbs/74_serve.ipynb #0047d7b5
+# %% ../nbs/74_serve.ipynb #8e0a51c2
 class Server:
     """The OpenAI API over one model: `app` is a Starlette application (`GET /v1/models`, `POST /v1/completions`,
     `POST /v1/chat/completions`) that any ASGI server runs; `apex3 serve` runs it with uvicorn."""
@@ -462,7 +462,7 @@ class Server:
         return JSONResponse({**head, 'choices': [final(i, c, ''.join(t), e) for i, (c, t, e) in enumerate(cs)],
                              'usage': usage([c for c, _, _ in cs])})
 
-# %% ../nbs/74_serve.ipynb #401a7ca3
+# %% ../nbs/74_serve.ipynb #2948e614
 def _no_constant(name): raise ValueError(f'{name} is not JSON')
 
 async def _http_error(request, exc):
@@ -561,7 +561,7 @@ async def chat(srv, body):
     choices = decode_choices(srv.batcher, [ids], params, stops, lambda: TextStream(decode, params.stop))
     return await srv.reply('chat.completion', choices, body, params, chunk, final, len(ids))
 
-# %% ../nbs/74_serve.ipynb #3a5ba34d
+# %% ../nbs/74_serve.ipynb #7a5b5f63
 @contextlib.contextmanager
 def serving(app, host='127.0.0.1', port=0):
     "Run `app` with uvicorn on a thread of this process; yields its base URL (`http://HOST:PORT/v1`)."
@@ -578,7 +578,7 @@ def serving(app, host='127.0.0.1', port=0):
         server.should_exit = True
         t.join(10)
 
-# %% ../nbs/74_serve.ipynb #88f4acc2
+# %% ../nbs/74_serve.ipynb #3173c35d
 def serve_parser():
     p = ArgParser(prog='apex3 serve', description='Serve a trained checkpoint over the OpenAI API '
                   '(/v1/models, /v1/completions, /v1/chat/completions).')
@@ -621,7 +621,7 @@ def serve_main(argv=None) -> int:
     "`apex3 serve CKPT [--host H] [--port P] [--api-key KEY] [...]`: the OpenAI API over a checkpoint."
     return run_command('serve', _serve, argv)
 
-# %% ../nbs/74_serve.ipynb #056b96a8
+# %% ../nbs/74_serve.ipynb #6f2ac342
 RECORDS_FILE = 'serve.jsonl'   # records/serve.jsonl
 CONCURRENCY = (1, 4, 16)
 
@@ -670,8 +670,10 @@ def bench_serve(configs=('tiny', 'small'), concurrency=CONCURRENCY, repeats=3, p
             t = time.perf_counter() - t0
             recs.append(dict(kind='serve', config=name, impl='generator', concurrency=n, repeat=r, seconds=t,
                              tokens=sum(map(len, out)), tokens_per_s=sum(map(len, out)) / t))
+        # the machine's load average over the last minute: CPU figures on a shared machine are read against it
         common = dict(on=torch.device(device).type, dtype=str(dtype).split('.')[-1], compile=compile,
-                      threads=torch.get_num_threads(), prompt_len=prompt_len, max_new=max_new)
+                      threads=torch.get_num_threads(), prompt_len=prompt_len, max_new=max_new,
+                      load_avg=os.getloadavg()[0])
         for rec in recs:
             if rec['config'] == name: rec.update(common)
         print(f'{name}: ' + ', '.join(f"{r['impl']} x{r['concurrency']} {r['tokens_per_s']:.0f}/s" for r in recs

@@ -271,3 +271,21 @@ def test_loop_drives_the_demo_model_over_http(server, demo, tmp_path):
     rc, out, err = run_cli('agent', 'run', '--model-url', url, '--model', 'demo', '--python', '--max-tokens', '300',
                            '--prompt', q)
     assert rc == 0 and f'= {value}' in out and out.rstrip().splitlines()[-2] == f'The answer is {value}.', out + err
+
+
+def test_agent_chat_keeps_the_conversation(server, demo, monkeypatch):
+    """`apex3 agent chat`: a turn per stdin line, streamed; the second question reaches the model with the first
+    exchange (question, call, result, answer) before it, as the server's own rendering of the request shows."""
+    import io
+    import apex3.serve
+    from apex3.cli import run_cli
+    _, _, url = server
+    _, _, train, *_ = demo
+    prompts, render = [], apex3.serve.render_chat
+    monkeypatch.setattr(apex3.serve, 'render_chat', lambda *a, **k: prompts.append(render(*a, **k)) or prompts[-1])
+    monkeypatch.setattr('sys.stdin', io.StringIO(f'{train[0][0]}\n\n{train[1][0]}\n'))
+    rc, out, err = run_cli('agent', 'chat', '--model-url', url, '--model', 'demo', '--python', '--max-tokens', '200')
+    assert rc == 0, err
+    assert f'The answer is {train[0][2]}.' in out.splitlines() and len(prompts) >= 3, out
+    first = prompts[1].removesuffix('<|im_start|>assistant\n')   # the first question's second turn: after the result
+    assert prompts[-1].startswith(first) and train[1][0] in prompts[-1] and f'The answer is {train[0][2]}.' in prompts[-1]

@@ -9,7 +9,7 @@ __all__ = ['MAX_BODY', 'MAX_STOP', 'MAX_TOP_LOGPROBS', 'ROLES', 'RECORDS_FILE', 
            'Batcher', 'TextStream', 'Choice', 'decode_choices', 'Server', 'ChatTurn', 'completions', 'chat', 'serving',
            'serve_parser', 'serve_main', 'NumberTokenizer', 'bench_serve', 'serve_table', 'plot_serve']
 
-# %% ../nbs/74_serve.ipynb #b02efa23
+# %% ../nbs/74_serve.ipynb #fe18e346
 import asyncio, concurrent.futures, contextlib, hmac, itertools, json, logging, math, os, queue, threading, time, uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +24,7 @@ from .usage import ArgParser, UsageError, in_range, run_command
 
 _log = logging.getLogger('apex3.serve')
 
-# %% ../nbs/74_serve.ipynb #86506e09
+# %% ../nbs/74_serve.ipynb #cfb3b9d9
 class BadRequest(Exception):
     "A request the server refuses: an HTTP status and an OpenAI-style error body, the server untouched."
     def __init__(self, message, status=400, param=None, kind='invalid_request_error'):
@@ -100,7 +100,7 @@ def parse_prompts(body, encode, vocab) -> list:
         raise BadRequest(f'a prompt token id is outside the vocabulary [0, {vocab})', param='prompt')
     return ids
 
-# %% ../nbs/74_serve.ipynb #19937e0e
+# %% ../nbs/74_serve.ipynb #67320182
 ROLES = ('system', 'user', 'assistant', 'tool')
 
 def _content(m, i):
@@ -155,7 +155,7 @@ def parse_tools(body) -> list | None:
     if not ok: raise BadRequest("'tools' must be a list of {type: function, function: {name, ...}}", param='tools')
     return tools or None
 
-# %% ../nbs/74_serve.ipynb #d223b4c9
+# %% ../nbs/74_serve.ipynb #6d03dba2
 class Texts:
     """One face for the tokenizers a checkpoint decodes with (`apex3.train`'s `HFTokenizer`, `ByteTokenizer`, or a
     `tokenizers.Tokenizer`): text to ids, ids to text with or without the special tokens (chat needs them)."""
@@ -185,7 +185,7 @@ def token_logprobs(logits, tokens, top):
     v, i = lp.topk(top, -1)
     return [(c, dict(zip(ii, vv))) for c, ii, vv in zip(chosen, i.tolist(), v.tolist())]
 
-# %% ../nbs/74_serve.ipynb #ee72e146
+# %% ../nbs/74_serve.ipynb #5c0b3ce0
 @dataclass(eq=False)
 class Row:
     "A job decoding in one row of the cache: how it samples, the tokens it may still take, its next logits, where."
@@ -206,6 +206,9 @@ class Batcher:
         self.gen = Generator(model, max_len=max_len, max_batch=max_batch, compile=compile)
         self.max_batch, self.max_len, self.vocab = max_batch, max_len, model.cfg.vocab_size
         self.pad = 1 if self.gen.eos_id == 0 else 0   # what a free row below a busy one is fed: never an EOS
+        # compiled, a step's graph is made once per number of rows: rounded up to a power of two, a server of 16 rows
+        # compiles 5 graphs rather than 16 (the rows added are free ones, fed a pad at position 0)
+        self.buckets = bool(compile)
         self.queue, self.rows, self.sizes = queue.Queue(), [None] * max_batch, []   # sizes: busy rows of each step
         threading.Thread(target=self._serve, daemon=True, name='apex3-serve-decoder').start()
 
@@ -276,6 +279,7 @@ class Batcher:
         if not going: return
         self.sizes.append(len(going))
         n, dev, zero = max(going) + 1, self.gen.device, torch.zeros(1, dtype=torch.long, device=self.gen.device)
+        if self.buckets: n = min(self.max_batch, 1 << (n - 1).bit_length())
         tok = torch.cat([going.get(b, torch.full((1,), self.pad, device=dev)) for b in range(n)])
         pos = torch.cat([self.rows[b].pos if b in going else zero for b in range(n)])
         doc = torch.cat([self.rows[b].doc if b in going else zero for b in range(n)])
@@ -291,7 +295,7 @@ class Batcher:
         if why: job.put(('done', why))
         return why is None
 
-# %% ../nbs/74_serve.ipynb #e69f0bc9
+# %% ../nbs/74_serve.ipynb #2fceff90
 class TextStream:
     """Token ids in, text out as it becomes final: a tail that is not whole UTF-8 yet, or that may be the start of a
     stop string, is held back; at a stop string the text ends, the stop string not included (OpenAI's rule)."""
@@ -319,7 +323,7 @@ class TextStream:
         self.sent += len(out)
         return out
 
-# %% ../nbs/74_serve.ipynb #288c45c8
+# %% ../nbs/74_serve.ipynb #27bb48f8
 def _now(): return int(time.time())
 
 def _logprobs_block(entries, texts, offset):
@@ -370,7 +374,7 @@ async def decode_choices(batcher, prompts, params, stop_ids, make_stream):
     finally:
         for j in jobs: j.cancelled = True   # done, or the client went away: no row decodes for nobody
 
-# %% ../nbs/74_serve.ipynb #8e0a51c2
+# %% ../nbs/74_serve.ipynb #0c27f19d
 class Server:
     """The OpenAI API over one model: `app` is a Starlette application (`GET /v1/models`, `POST /v1/completions`,
     `POST /v1/chat/completions`) that any ASGI server runs; `apex3 serve` runs it with uvicorn."""
@@ -462,7 +466,7 @@ class Server:
         return JSONResponse({**head, 'choices': [final(i, c, ''.join(t), e) for i, (c, t, e) in enumerate(cs)],
                              'usage': usage([c for c, _, _ in cs])})
 
-# %% ../nbs/74_serve.ipynb #2948e614
+# %% ../nbs/74_serve.ipynb #7c17e538
 def _no_constant(name): raise ValueError(f'{name} is not JSON')
 
 async def _http_error(request, exc):
@@ -561,7 +565,7 @@ async def chat(srv, body):
     choices = decode_choices(srv.batcher, [ids], params, stops, lambda: TextStream(decode, params.stop))
     return await srv.reply('chat.completion', choices, body, params, chunk, final, len(ids))
 
-# %% ../nbs/74_serve.ipynb #7a5b5f63
+# %% ../nbs/74_serve.ipynb #06abe7ac
 @contextlib.contextmanager
 def serving(app, host='127.0.0.1', port=0):
     "Run `app` with uvicorn on a thread of this process; yields its base URL (`http://HOST:PORT/v1`)."
@@ -578,7 +582,7 @@ def serving(app, host='127.0.0.1', port=0):
         server.should_exit = True
         t.join(10)
 
-# %% ../nbs/74_serve.ipynb #3173c35d
+# %% ../nbs/74_serve.ipynb #1783dd24
 def serve_parser():
     p = ArgParser(prog='apex3 serve', description='Serve a trained checkpoint over the OpenAI API '
                   '(/v1/models, /v1/completions, /v1/chat/completions).')
@@ -621,7 +625,7 @@ def serve_main(argv=None) -> int:
     "`apex3 serve CKPT [--host H] [--port P] [--api-key KEY] [...]`: the OpenAI API over a checkpoint."
     return run_command('serve', _serve, argv)
 
-# %% ../nbs/74_serve.ipynb #6f2ac342
+# %% ../nbs/74_serve.ipynb #83d7b705
 RECORDS_FILE = 'serve.jsonl'   # records/serve.jsonl
 CONCURRENCY = (1, 4, 16)
 

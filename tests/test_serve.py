@@ -289,3 +289,29 @@ def test_agent_chat_keeps_the_conversation(server, demo, monkeypatch):
     assert f'The answer is {train[0][2]}.' in out.splitlines() and len(prompts) >= 3, out
     first = prompts[1].removesuffix('<|im_start|>assistant\n')   # the first question's second turn: after the result
     assert prompts[-1].startswith(first) and train[1][0] in prompts[-1] and f'The answer is {train[0][2]}.' in prompts[-1]
+
+
+def test_compiled_batcher_rounds_rows_up_and_matches():
+    """Compiled, the decoder steps a power-of-two number of rows (one graph each): five requests at once on a
+    four-row cache compile at most three step graphs (1, 2, 4 rows), and each request gets its lone greedy decode."""
+    import queue
+    from torch._dynamo.utils import counters
+    from apex3.config import get_config
+    from apex3.generate import Generator
+    from apex3.model import Transformer
+    from apex3.serve import Batcher, Job, Params
+    torch.manual_seed(0)
+    tiny = Transformer(get_config('tiny')).eval()
+    rows = [[3, 1, 4], [1, 5, 9, 2], [6, 5], [3, 5, 8, 9, 7], [9, 3]]
+    want = [Generator(tiny, 32, 1, compile=False).generate([r], 6 + i)[0] for i, r in enumerate(rows)]
+    torch._dynamo.reset()
+    b = Batcher(tiny, max_batch=4, max_len=32, compile='eager')
+    outs = [queue.Queue() for _ in rows]
+    for i, r in enumerate(rows): b.submit(Job(r, Params(max_tokens=6 + i, temperature=0), frozenset(), outs[i].put))
+    got = []
+    for q in outs:
+        items = [q.get(timeout=120)]
+        while items[-1][0] != 'done': items.append(q.get(timeout=120))
+        got.append([it[1] for it in items if it[0] == 'token'])
+    assert got == want
+    assert 0 < counters['stats']['unique_graphs'] <= 3, counters['stats']

@@ -315,3 +315,28 @@ def test_compiled_batcher_rounds_rows_up_and_matches():
         got.append([it[1] for it in items if it[0] == 'token'])
     assert got == want
     assert 0 < counters['stats']['unique_graphs'] <= 3, counters['stats']
+
+
+def _deaf_alive(job, left, tok=None):
+    "The control's decoder: it ignores a cancelled job (the protection off), ending a row only at a stop or the length."
+    why = 'stop' if tok in job.stop_ids else 'length' if left <= 0 else None
+    if why: job.put(('done', why))
+    return why is None
+
+
+@pytest.mark.parametrize('protected', [True, False])
+def test_a_client_that_leaves_frees_its_row(server, demo, monkeypatch, protected):
+    """A streaming client that disconnects after two chunks of a 400-token request: its row is freed after a few
+    steps (the decoder's own count); the control, with cancellation ignored, runs all 400."""
+    srv, client, _ = server
+    _, _, train, *_ = demo
+    if not protected: monkeypatch.setattr(srv.batcher, '_alive', _deaf_alive)
+    before = len(srv.batcher.sizes)
+    stream = client.completions.create(model='demo', prompt=train[0][0], max_tokens=400, temperature=0, stream=True,
+                                       extra_body={'ignore_eos': True})
+    for _, _ in zip(range(2), stream): pass
+    stream.close()
+    deadline = time.time() + 120
+    while (any(srv.batcher.rows) or len(srv.batcher.sizes) == before) and time.time() < deadline: time.sleep(0.05)
+    steps = len(srv.batcher.sizes) - before
+    assert not any(srv.batcher.rows) and (steps < 200 if protected else steps == 399), steps

@@ -1522,6 +1522,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.serve.Batcher.__init__': ('serve.html#batcher.__init__', 'apex3/serve.py'),
                              'apex3.serve.Batcher._admit': ('serve.html#batcher._admit', 'apex3/serve.py'),
                              'apex3.serve.Batcher._alive': ('serve.html#batcher._alive', 'apex3/serve.py'),
+                             'apex3.serve.Batcher._free_row': ('serve.html#batcher._free_row', 'apex3/serve.py'),
                              'apex3.serve.Batcher._serve': ('serve.html#batcher._serve', 'apex3/serve.py'),
                              'apex3.serve.Batcher._start': ('serve.html#batcher._start', 'apex3/serve.py'),
                              'apex3.serve.Batcher._step': ('serve.html#batcher._step', 'apex3/serve.py'),

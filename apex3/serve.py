@@ -9,7 +9,7 @@ __all__ = ['MAX_BODY', 'MAX_STOP', 'MAX_TOP_LOGPROBS', 'ROLES', 'RECORDS_FILE', 
            'Batcher', 'TextStream', 'Choice', 'decode_choices', 'Server', 'ChatTurn', 'completions', 'chat', 'serving',
            'serve_parser', 'serve_main', 'NumberTokenizer', 'bench_serve', 'serve_table', 'plot_serve']
 
-# %% ../nbs/74_serve.ipynb #fe18e346
+# %% ../nbs/74_serve.ipynb #473803e9
 import asyncio, concurrent.futures, contextlib, hmac, itertools, json, logging, math, os, queue, threading, time, uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +24,7 @@ from .usage import ArgParser, UsageError, in_range, run_command
 
 _log = logging.getLogger('apex3.serve')
 
-# %% ../nbs/74_serve.ipynb #cfb3b9d9
+# %% ../nbs/74_serve.ipynb #634a2a6b
 class BadRequest(Exception):
     "A request the server refuses: an HTTP status and an OpenAI-style error body, the server untouched."
     def __init__(self, message, status=400, param=None, kind='invalid_request_error'):
@@ -100,7 +100,7 @@ def parse_prompts(body, encode, vocab) -> list:
         raise BadRequest(f'a prompt token id is outside the vocabulary [0, {vocab})', param='prompt')
     return ids
 
-# %% ../nbs/74_serve.ipynb #67320182
+# %% ../nbs/74_serve.ipynb #eaad9228
 ROLES = ('system', 'user', 'assistant', 'tool')
 
 def _content(m, i):
@@ -155,7 +155,7 @@ def parse_tools(body) -> list | None:
     if not ok: raise BadRequest("'tools' must be a list of {type: function, function: {name, ...}}", param='tools')
     return tools or None
 
-# %% ../nbs/74_serve.ipynb #6d03dba2
+# %% ../nbs/74_serve.ipynb #4b5fab74
 class Texts:
     """One face for the tokenizers a checkpoint decodes with (`apex3.train`'s `HFTokenizer`, `ByteTokenizer`, or a
     `tokenizers.Tokenizer`): text to ids, ids to text with or without the special tokens (chat needs them)."""
@@ -185,7 +185,7 @@ def token_logprobs(logits, tokens, top):
     v, i = lp.topk(top, -1)
     return [(c, dict(zip(ii, vv))) for c, ii, vv in zip(chosen, i.tolist(), v.tolist())]
 
-# %% ../nbs/74_serve.ipynb #5c0b3ce0
+# %% ../nbs/74_serve.ipynb #ba4c3444
 @dataclass(eq=False)
 class Row:
     "A job decoding in one row of the cache: how it samples, the tokens it may still take, its next logits, where."
@@ -210,6 +210,9 @@ class Batcher:
         # compiles 5 graphs rather than 16 (the rows added are free ones, fed a pad at position 0)
         self.buckets = bool(compile)
         self.queue, self.rows, self.sizes = queue.Queue(), [None] * max_batch, []   # sizes: busy rows of each step
+        # the tokens each row of the cache holds from position 0, kept after its job is done: a request that starts
+        # with them (an agent's next turn) prefills only the rest; `reused`: the tokens each admission did not prefill
+        self.held, self.reused = [[] for _ in range(max_batch)], []
         threading.Thread(target=self._serve, daemon=True, name='apex3-serve-decoder').start()
 
     def check(self, ids, params):
@@ -241,16 +244,30 @@ class Batcher:
             except queue.Empty: return
             wait = False
             if job.cancelled: job.put(('done', 'cancelled'))
-            else: self._start(self.rows.index(None), job)
+            else: self._start(*self._free_row(job.ids), job)
 
-    def _start(self, b, job):
+    def _free_row(self, ids):
+        "The free row whose held tokens share the longest prefix with `ids`, and how many to reuse (one is fed)."
+        def shared(b):
+            h = self.held[b]
+            return next((i for i, (x, y) in enumerate(zip(ids, h)) if x != y), min(len(ids), len(h)))
+        b = max((b for b, r in enumerate(self.rows) if r is None), key=shared)
+        return b, min(shared(b), len(ids) - 1)
+
+    def _start(self, b, n, job):
+        "Prefill `job`'s prompt into row `b` from position `n` (the row holds the `n` tokens before it)."
         import torch
-        from apex3.generate import Sampling
+        from apex3.generate import Sampling, doc_start
         p, g = job.params, self.gen
-        if p.echo and p.logprobs is not None: job.put(('prompt', self.prompt_logprobs(job, b)))
+        if p.echo and p.logprobs is not None:
+            job.put(('prompt', self.prompt_logprobs(job, b)))
+            n = len(job.ids) - 1   # the row now holds the whole prompt
         rng = None if p.seed is None else torch.Generator(g.device).manual_seed(p.seed)
         row = Row(job, Sampling(p.temperature, None, p.top_p), rng, p.max_tokens)
-        row.logits, row.pos, row.doc = g.prefill([job.ids], first_row=b)
+        start, doc = (torch.tensor([v], device=g.device) for v in (n, doc_start(job.ids, n, g.eos_id)))
+        row.logits, row.pos, row.doc = g.prefill([job.ids[n:]], start, doc, first_row=b)
+        self.held[b] = list(job.ids)
+        self.reused.append(n)
         if self._alive(job, row.left): self.rows[b] = row
 
     def prompt_logprobs(self, job, b):
@@ -284,6 +301,9 @@ class Batcher:
         pos = torch.cat([self.rows[b].pos if b in going else zero for b in range(n)])
         doc = torch.cat([self.rows[b].doc if b in going else zero for b in range(n)])
         logits = self.gen.step(tok, pos, doc)
+        for b in range(n):   # a busy row now holds its token; a free one stepped with a pad, nothing it held
+            if b in going: self.held[b].append(int(going[b]))
+            else: self.held[b] = []
         for b in going:
             r = self.rows[b]
             r.logits, r.pos, r.doc = logits[b:b + 1], r.pos + 1, next_doc(tok[b:b + 1], r.pos, r.doc, self.gen.eos_id)
@@ -295,7 +315,7 @@ class Batcher:
         if why: job.put(('done', why))
         return why is None
 
-# %% ../nbs/74_serve.ipynb #2fceff90
+# %% ../nbs/74_serve.ipynb #ac14b3d3
 class TextStream:
     """Token ids in, text out as it becomes final: a tail that is not whole UTF-8 yet, or that may be the start of a
     stop string, is held back; at a stop string the text ends, the stop string not included (OpenAI's rule)."""
@@ -323,7 +343,7 @@ class TextStream:
         self.sent += len(out)
         return out
 
-# %% ../nbs/74_serve.ipynb #27bb48f8
+# %% ../nbs/74_serve.ipynb #678aee33
 def _now(): return int(time.time())
 
 def _logprobs_block(entries, texts, offset):
@@ -374,7 +394,7 @@ async def decode_choices(batcher, prompts, params, stop_ids, make_stream):
     finally:
         for j in jobs: j.cancelled = True   # done, or the client went away: no row decodes for nobody
 
-# %% ../nbs/74_serve.ipynb #0c27f19d
+# %% ../nbs/74_serve.ipynb #2ca4f415
 class Server:
     """The OpenAI API over one model: `app` is a Starlette application (`GET /v1/models`, `POST /v1/completions`,
     `POST /v1/chat/completions`) that any ASGI server runs; `apex3 serve` runs it with uvicorn."""
@@ -466,7 +486,7 @@ class Server:
         return JSONResponse({**head, 'choices': [final(i, c, ''.join(t), e) for i, (c, t, e) in enumerate(cs)],
                              'usage': usage([c for c, _, _ in cs])})
 
-# %% ../nbs/74_serve.ipynb #7c17e538
+# %% ../nbs/74_serve.ipynb #2cc36815
 def _no_constant(name): raise ValueError(f'{name} is not JSON')
 
 async def _http_error(request, exc):
@@ -565,7 +585,7 @@ async def chat(srv, body):
     choices = decode_choices(srv.batcher, [ids], params, stops, lambda: TextStream(decode, params.stop))
     return await srv.reply('chat.completion', choices, body, params, chunk, final, len(ids))
 
-# %% ../nbs/74_serve.ipynb #06abe7ac
+# %% ../nbs/74_serve.ipynb #0ea0a2f9
 @contextlib.contextmanager
 def serving(app, host='127.0.0.1', port=0):
     "Run `app` with uvicorn on a thread of this process; yields its base URL (`http://HOST:PORT/v1`)."
@@ -582,7 +602,7 @@ def serving(app, host='127.0.0.1', port=0):
         server.should_exit = True
         t.join(10)
 
-# %% ../nbs/74_serve.ipynb #1783dd24
+# %% ../nbs/74_serve.ipynb #2c87469a
 def serve_parser():
     p = ArgParser(prog='apex3 serve', description='Serve a trained checkpoint over the OpenAI API '
                   '(/v1/models, /v1/completions, /v1/chat/completions).')
@@ -625,7 +645,7 @@ def serve_main(argv=None) -> int:
     "`apex3 serve CKPT [--host H] [--port P] [--api-key KEY] [...]`: the OpenAI API over a checkpoint."
     return run_command('serve', _serve, argv)
 
-# %% ../nbs/74_serve.ipynb #83d7b705
+# %% ../nbs/74_serve.ipynb #5ca6f3dd
 RECORDS_FILE = 'serve.jsonl'   # records/serve.jsonl
 CONCURRENCY = (1, 4, 16)
 

@@ -340,3 +340,23 @@ def test_a_client_that_leaves_frees_its_row(server, demo, monkeypatch, protected
     while (any(srv.batcher.rows) or len(srv.batcher.sizes) == before) and time.time() < deadline: time.sleep(0.05)
     steps = len(srv.batcher.sizes) - before
     assert not any(srv.batcher.rows) and (steps < 200 if protected else steps == 399), steps
+
+
+def test_a_conversations_next_turn_prefills_only_what_is_new(server, demo):
+    """An agent's next turn starts with its last turn's prompt and reply: the decoder reuses the row that holds them
+    and prefills only the rest, and the answer is the one a fresh server (the control: nothing held, nothing reused)
+    gives."""
+    srv, client, _ = server
+    model, tok, train, *_ = demo
+    msgs, _ = conversation(train[0], True)
+    first = tok.encode(render_chat(msgs[:1], [PYTHON_SCHEMA], add_generation_prompt=True)).ids
+    second = tok.encode(render_chat(msgs[:3], [PYTHON_SCHEMA], add_generation_prompt=True)).ids
+    assert second[:len(first)] == first
+    ask = lambda c, m: c.chat.completions.create(model='demo', messages=m, tools=[PYTHON_SCHEMA], temperature=0)
+    ask(client, msgs[:1])
+    answer = ask(client, msgs[:3]).choices[0].message.content
+    assert len(first) <= srv.batcher.reused[-1] < len(second)
+    fresh = Server(model, tok, 'demo', max_batch=2, max_len=512)
+    with serving(fresh.app) as url:
+        assert ask(openai.OpenAI(base_url=url, api_key='-', max_retries=0), msgs[:3]).choices[0].message.content == answer
+    assert fresh.batcher.reused == [0] and answer == msgs[3]['content']

@@ -9,7 +9,7 @@ __all__ = ['MAX_BODY', 'MAX_STOP', 'MAX_TOP_LOGPROBS', 'ROLES', 'RECORDS_FILE', 
            'Batcher', 'TextStream', 'Choice', 'decode_choices', 'Server', 'ChatTurn', 'completions', 'chat', 'serving',
            'serve_parser', 'serve_main', 'NumberTokenizer', 'bench_serve', 'serve_table', 'plot_serve']
 
-# %% ../nbs/74_serve.ipynb #27c5b85c
+# %% ../nbs/74_serve.ipynb #cac2a847
 import asyncio, concurrent.futures, contextlib, hmac, itertools, json, logging, math, os, queue, threading, time, uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +24,7 @@ from .usage import ArgParser, UsageError, in_range, run_command
 
 _log = logging.getLogger('apex3.serve')
 
-# %% ../nbs/74_serve.ipynb #21d894c3
+# %% ../nbs/74_serve.ipynb #aa669ff4
 class BadRequest(Exception):
     "A request the server refuses: an HTTP status and an OpenAI-style error body, the server untouched."
     def __init__(self, message, status=400, param=None, kind='invalid_request_error'):
@@ -100,7 +100,7 @@ def parse_prompts(body, encode, vocab) -> list:
         raise BadRequest(f'a prompt token id is outside the vocabulary [0, {vocab})', param='prompt')
     return ids
 
-# %% ../nbs/74_serve.ipynb #f2e437f7
+# %% ../nbs/74_serve.ipynb #1e27bbac
 ROLES = ('system', 'user', 'assistant', 'tool')
 
 def _content(m, i):
@@ -155,7 +155,7 @@ def parse_tools(body) -> list | None:
     if not ok: raise BadRequest("'tools' must be a list of {type: function, function: {name, ...}}", param='tools')
     return tools or None
 
-# %% ../nbs/74_serve.ipynb #d1c0057b
+# %% ../nbs/74_serve.ipynb #825bf185
 class Texts:
     """One face for the tokenizers a checkpoint decodes with (`apex3.train`'s `HFTokenizer`, `ByteTokenizer`, or a
     `tokenizers.Tokenizer`): text to ids, ids to text with or without the special tokens (chat needs them)."""
@@ -185,7 +185,7 @@ def token_logprobs(logits, tokens, top):
     v, i = lp.topk(top, -1)
     return [(c, dict(zip(ii, vv))) for c, ii, vv in zip(chosen, i.tolist(), v.tolist())]
 
-# %% ../nbs/74_serve.ipynb #48061a5f
+# %% ../nbs/74_serve.ipynb #42d696cd
 @dataclass(eq=False)
 class Row:
     "A job decoding in one row of the cache: how it samples, the tokens it may still take, its next logits, where."
@@ -315,7 +315,7 @@ class Batcher:
         if why: job.put(('done', why))
         return why is None
 
-# %% ../nbs/74_serve.ipynb #0f625109
+# %% ../nbs/74_serve.ipynb #6bf6b6bd
 class TextStream:
     """Token ids in, text out as it becomes final: a tail that is not whole UTF-8 yet, or that may be the start of a
     stop string, is held back; at a stop string the text ends, the stop string not included (OpenAI's rule)."""
@@ -343,13 +343,13 @@ class TextStream:
         self.sent += len(out)
         return out
 
-# %% ../nbs/74_serve.ipynb #d7fb41cd
+# %% ../nbs/74_serve.ipynb #03edd76a
 def _now(): return int(time.time())
 
-def _logprobs_block(entries, texts, offset):
+def _logprobs_block(entries, texts):
     "A completion choice's `logprobs` (OpenAI's legacy layout) of (token id, (log-probability, top) or None) pairs."
     toks = [texts.decode([t], specials=True) for t, _ in entries]
-    offs = list(itertools.accumulate([len(s) for s in toks[:-1]], initial=offset)) if toks else []
+    offs = list(itertools.accumulate([len(s) for s in toks[:-1]], initial=0)) if toks else []
     top = lambda lp: None if lp is None else {texts.decode([i], specials=True): v for i, v in lp[1].items()}
     return dict(tokens=toks, token_logprobs=[None if lp is None else lp[0] for _, lp in entries],
                 top_logprobs=[top(lp) for _, lp in entries], text_offset=offs)
@@ -392,9 +392,9 @@ async def decode_choices(batcher, prompts, params, stop_ids, make_stream):
             text, toks = choices[i].take(item)
             yield i, choices[i], text, toks
     finally:
-        for j in jobs: j.cancelled = True   # done, or the client went away: no row decodes for nobody
+        for j in jobs: j.cancelled = True   # done, or the client went away: the decoder frees their rows
 
-# %% ../nbs/74_serve.ipynb #b4a19eb2
+# %% ../nbs/74_serve.ipynb #d93aac39
 class Server:
     """The OpenAI API over one model: `app` is a Starlette application (`GET /v1/models`, `POST /v1/completions`,
     `POST /v1/chat/completions`) that any ASGI server runs; `apex3 serve` runs it with uvicorn."""
@@ -486,7 +486,7 @@ class Server:
         return JSONResponse({**head, 'choices': [final(i, c, ''.join(t), e) for i, (c, t, e) in enumerate(cs)],
                              'usage': usage([c for c, _, _ in cs])})
 
-# %% ../nbs/74_serve.ipynb #e2c606e2
+# %% ../nbs/74_serve.ipynb #d2cd31a3
 def _no_constant(name): raise ValueError(f'{name} is not JSON')
 
 async def _http_error(request, exc):
@@ -531,21 +531,21 @@ async def completions(srv, body):
     stops = set() if params.ignore_eos else {srv.eos}
     decode = lambda ids: srv.texts.decode(ids)
     choices = decode_choices(srv.batcher, prompts, params, stops, lambda: TextStream(decode, params.stop))
-    def lp_block(c, toks, offset):
+    def lp_block(c, toks):
         if params.logprobs is None: return None
         head = list(zip(c.job.ids, c.prompt)) if params.echo and c.prompt is not None else []
         c.prompt = None   # sent once, with the first chunk
-        return _logprobs_block(head + toks, srv.texts, offset)
+        return _logprobs_block(head + toks, srv.texts)
     echoed = set()
     def chunk(i, c, text, toks):
         if params.echo and i not in echoed:
             echoed.add(i)
             text = decode(c.job.ids) + text
         if not (text or toks or c.finish): return None
-        return dict(index=i, text=text, logprobs=lp_block(c, toks, 0), finish_reason=c.finish)
+        return dict(index=i, text=text, logprobs=lp_block(c, toks), finish_reason=c.finish)
     def final(i, c, text, toks):
         return dict(index=i, text=(decode(c.job.ids) if params.echo else '') + text,
-                    logprobs=lp_block(c, toks, 0), finish_reason=c.finish)
+                    logprobs=lp_block(c, toks), finish_reason=c.finish)
     return await srv.reply('text_completion', choices, body, params, chunk, final, sum(map(len, prompts)))
 
 async def chat(srv, body):
@@ -585,7 +585,7 @@ async def chat(srv, body):
     choices = decode_choices(srv.batcher, [ids], params, stops, lambda: TextStream(decode, params.stop))
     return await srv.reply('chat.completion', choices, body, params, chunk, final, len(ids))
 
-# %% ../nbs/74_serve.ipynb #5886365f
+# %% ../nbs/74_serve.ipynb #c73b30b0
 @contextlib.contextmanager
 def serving(app, host='127.0.0.1', port=0):
     "Run `app` with uvicorn on a thread of this process; yields its base URL (`http://HOST:PORT/v1`)."
@@ -602,7 +602,7 @@ def serving(app, host='127.0.0.1', port=0):
         server.should_exit = True
         t.join(10)
 
-# %% ../nbs/74_serve.ipynb #14e465d3
+# %% ../nbs/74_serve.ipynb #2e4c008a
 def serve_parser():
     p = ArgParser(prog='apex3 serve', description='Serve a trained checkpoint over the OpenAI API '
                   '(/v1/models, /v1/completions, /v1/chat/completions).')
@@ -645,7 +645,7 @@ def serve_main(argv=None) -> int:
     "`apex3 serve CKPT [--host H] [--port P] [--api-key KEY] [...]`: the OpenAI API over a checkpoint."
     return run_command('serve', _serve, argv)
 
-# %% ../nbs/74_serve.ipynb #a8a0e225
+# %% ../nbs/74_serve.ipynb #74190da7
 RECORDS_FILE = 'serve.jsonl'   # records/serve.jsonl
 CONCURRENCY = (1, 4, 16)
 

@@ -9,7 +9,7 @@ __all__ = ['MAX_BODY', 'MAX_STOP', 'MAX_TOP_LOGPROBS', 'ROLES', 'RECORDS_FILE', 
            'Batcher', 'TextStream', 'Choice', 'decode_choices', 'Server', 'ChatTurn', 'completions', 'chat', 'serving',
            'serve_parser', 'serve_main', 'NumberTokenizer', 'bench_serve', 'serve_table', 'plot_serve']
 
-# %% ../nbs/74_serve.ipynb #cac2a847
+# %% ../nbs/74_serve.ipynb #88b3863e
 import asyncio, concurrent.futures, contextlib, hmac, itertools, json, logging, math, os, queue, threading, time, uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +24,7 @@ from .usage import ArgParser, UsageError, in_range, run_command
 
 _log = logging.getLogger('apex3.serve')
 
-# %% ../nbs/74_serve.ipynb #aa669ff4
+# %% ../nbs/74_serve.ipynb #ef941c8b
 class BadRequest(Exception):
     "A request the server refuses: an HTTP status and an OpenAI-style error body, the server untouched."
     def __init__(self, message, status=400, param=None, kind='invalid_request_error'):
@@ -100,7 +100,7 @@ def parse_prompts(body, encode, vocab) -> list:
         raise BadRequest(f'a prompt token id is outside the vocabulary [0, {vocab})', param='prompt')
     return ids
 
-# %% ../nbs/74_serve.ipynb #1e27bbac
+# %% ../nbs/74_serve.ipynb #f5cd8e2c
 ROLES = ('system', 'user', 'assistant', 'tool')
 
 def _content(m, i):
@@ -155,7 +155,7 @@ def parse_tools(body) -> list | None:
     if not ok: raise BadRequest("'tools' must be a list of {type: function, function: {name, ...}}", param='tools')
     return tools or None
 
-# %% ../nbs/74_serve.ipynb #825bf185
+# %% ../nbs/74_serve.ipynb #607ed755
 class Texts:
     """One face for the tokenizers a checkpoint decodes with (`apex3.train`'s `HFTokenizer`, `ByteTokenizer`, or a
     `tokenizers.Tokenizer`): text to ids, ids to text with or without the special tokens (chat needs them)."""
@@ -185,7 +185,7 @@ def token_logprobs(logits, tokens, top):
     v, i = lp.topk(top, -1)
     return [(c, dict(zip(ii, vv))) for c, ii, vv in zip(chosen, i.tolist(), v.tolist())]
 
-# %% ../nbs/74_serve.ipynb #42d696cd
+# %% ../nbs/74_serve.ipynb #9da9865b
 @dataclass(eq=False)
 class Row:
     "A job decoding in one row of the cache: how it samples, the tokens it may still take, its next logits, where."
@@ -315,7 +315,7 @@ class Batcher:
         if why: job.put(('done', why))
         return why is None
 
-# %% ../nbs/74_serve.ipynb #6bf6b6bd
+# %% ../nbs/74_serve.ipynb #250e7238
 class TextStream:
     """Token ids in, text out as it becomes final: a tail that is not whole UTF-8 yet, or that may be the start of a
     stop string, is held back; at a stop string the text ends, the stop string not included (OpenAI's rule)."""
@@ -343,7 +343,7 @@ class TextStream:
         self.sent += len(out)
         return out
 
-# %% ../nbs/74_serve.ipynb #03edd76a
+# %% ../nbs/74_serve.ipynb #40ea0c94
 def _now(): return int(time.time())
 
 def _logprobs_block(entries, texts):
@@ -394,7 +394,7 @@ async def decode_choices(batcher, prompts, params, stop_ids, make_stream):
     finally:
         for j in jobs: j.cancelled = True   # done, or the client went away: the decoder frees their rows
 
-# %% ../nbs/74_serve.ipynb #d93aac39
+# %% ../nbs/74_serve.ipynb #4fe725fe
 class Server:
     """The OpenAI API over one model: `app` is a Starlette application (`GET /v1/models`, `POST /v1/completions`,
     `POST /v1/chat/completions`) that any ASGI server runs; `apex3 serve` runs it with uvicorn."""
@@ -486,7 +486,7 @@ class Server:
         return JSONResponse({**head, 'choices': [final(i, c, ''.join(t), e) for i, (c, t, e) in enumerate(cs)],
                              'usage': usage([c for c, _, _ in cs])})
 
-# %% ../nbs/74_serve.ipynb #d2cd31a3
+# %% ../nbs/74_serve.ipynb #4468a90c
 def _no_constant(name): raise ValueError(f'{name} is not JSON')
 
 async def _http_error(request, exc):
@@ -585,7 +585,7 @@ async def chat(srv, body):
     choices = decode_choices(srv.batcher, [ids], params, stops, lambda: TextStream(decode, params.stop))
     return await srv.reply('chat.completion', choices, body, params, chunk, final, len(ids))
 
-# %% ../nbs/74_serve.ipynb #c73b30b0
+# %% ../nbs/74_serve.ipynb #9fdd9623
 @contextlib.contextmanager
 def serving(app, host='127.0.0.1', port=0):
     "Run `app` with uvicorn on a thread of this process; yields its base URL (`http://HOST:PORT/v1`)."
@@ -602,7 +602,7 @@ def serving(app, host='127.0.0.1', port=0):
         server.should_exit = True
         t.join(10)
 
-# %% ../nbs/74_serve.ipynb #2e4c008a
+# %% ../nbs/74_serve.ipynb #e9b3b9d1
 def serve_parser():
     p = ArgParser(prog='apex3 serve', description='Serve a trained checkpoint over the OpenAI API '
                   '(/v1/models, /v1/completions, /v1/chat/completions).')
@@ -645,7 +645,7 @@ def serve_main(argv=None) -> int:
     "`apex3 serve CKPT [--host H] [--port P] [--api-key KEY] [...]`: the OpenAI API over a checkpoint."
     return run_command('serve', _serve, argv)
 
-# %% ../nbs/74_serve.ipynb #74190da7
+# %% ../nbs/74_serve.ipynb #b2fe0571
 RECORDS_FILE = 'serve.jsonl'   # records/serve.jsonl
 CONCURRENCY = (1, 4, 16)
 
@@ -677,20 +677,22 @@ def bench_serve(configs=('tiny', 'small'), concurrency=CONCURRENCY, repeats=3, p
         torch.manual_seed(0)
         model = build_model(cfg, device, dtype)
         gen = Generator(model, max_len=prompt_len + max_new, max_batch=max(concurrency), compile=compile)
-        prompts = torch.randint(0, cfg.eos_id, (max(concurrency), prompt_len)).tolist()
+        # fresh prompts for every repeat (the same for each way): the server's prefix reuse finds nothing to reuse
+        draw = lambda n, r: torch.randint(0, cfg.eos_id, (n, prompt_len),
+                                          generator=torch.Generator().manual_seed(1000 * n + r)).tolist()
         for impl, rows in (('server', max(concurrency)), ('server_unbatched', 1)):
             srv = Server(model, NumberTokenizer(), name, max_batch=rows, max_len=prompt_len + max_new, compile=compile)
             with serving(srv.app) as url:
                 client = openai.OpenAI(base_url=url, api_key='-', max_retries=0)
-                _timed_requests(client, name, prompts[:1], 2)   # warm-up
+                _timed_requests(client, name, draw(1, -1), 2)   # warm-up
                 for n, r in itertools.product(concurrency, range(repeats)):
                     if impl == 'server_unbatched' and n == 1: continue   # the same as `server` at one request
-                    t, tokens = _timed_requests(client, name, prompts[:n], max_new)
+                    t, tokens = _timed_requests(client, name, draw(n, r), max_new)
                     recs.append(dict(kind='serve', config=name, impl=impl, concurrency=n, repeat=r, seconds=t,
                                      tokens=tokens, tokens_per_s=tokens / t))
         for n, r in itertools.product(concurrency, range(repeats)):
             t0 = time.perf_counter()
-            out = gen.generate(prompts[:n], max_new)
+            out = gen.generate(draw(n, r), max_new)
             t = time.perf_counter() - t0
             recs.append(dict(kind='serve', config=name, impl='generator', concurrency=n, repeat=r, seconds=t,
                              tokens=sum(map(len, out)), tokens_per_s=sum(map(len, out)) / t))

@@ -9,7 +9,7 @@ __all__ = ['MAX_BODY', 'MAX_STOP', 'MAX_TOP_LOGPROBS', 'ROLES', 'RECORDS_FILE', 
            'Batcher', 'TextStream', 'Choice', 'decode_choices', 'Server', 'ChatTurn', 'completions', 'chat', 'serving',
            'serve_parser', 'serve_main', 'NumberTokenizer', 'bench_serve', 'serve_table', 'plot_serve']
 
-# %% ../nbs/74_serve.ipynb #88b3863e
+# %% ../nbs/74_serve.ipynb #d97e6533
 import asyncio, concurrent.futures, contextlib, hmac, itertools, json, logging, math, os, queue, threading, time, uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +24,7 @@ from .usage import ArgParser, UsageError, in_range, run_command
 
 _log = logging.getLogger('apex3.serve')
 
-# %% ../nbs/74_serve.ipynb #ef941c8b
+# %% ../nbs/74_serve.ipynb #3e85a710
 class BadRequest(Exception):
     "A request the server refuses: an HTTP status and an OpenAI-style error body, the server untouched."
     def __init__(self, message, status=400, param=None, kind='invalid_request_error'):
@@ -100,7 +100,7 @@ def parse_prompts(body, encode, vocab) -> list:
         raise BadRequest(f'a prompt token id is outside the vocabulary [0, {vocab})', param='prompt')
     return ids
 
-# %% ../nbs/74_serve.ipynb #f5cd8e2c
+# %% ../nbs/74_serve.ipynb #6035893b
 ROLES = ('system', 'user', 'assistant', 'tool')
 
 def _content(m, i):
@@ -155,7 +155,7 @@ def parse_tools(body) -> list | None:
     if not ok: raise BadRequest("'tools' must be a list of {type: function, function: {name, ...}}", param='tools')
     return tools or None
 
-# %% ../nbs/74_serve.ipynb #607ed755
+# %% ../nbs/74_serve.ipynb #5cb0b3cc
 class Texts:
     """One face for the tokenizers a checkpoint decodes with (`apex3.train`'s `HFTokenizer`, `ByteTokenizer`, or a
     `tokenizers.Tokenizer`): text to ids, ids to text with or without the special tokens (chat needs them)."""
@@ -185,7 +185,7 @@ def token_logprobs(logits, tokens, top):
     v, i = lp.topk(top, -1)
     return [(c, dict(zip(ii, vv))) for c, ii, vv in zip(chosen, i.tolist(), v.tolist())]
 
-# %% ../nbs/74_serve.ipynb #9da9865b
+# %% ../nbs/74_serve.ipynb #21f320ab
 @dataclass(eq=False)
 class Row:
     "A job decoding in one row of the cache: how it samples, the tokens it may still take, its next logits, where."
@@ -315,7 +315,7 @@ class Batcher:
         if why: job.put(('done', why))
         return why is None
 
-# %% ../nbs/74_serve.ipynb #250e7238
+# %% ../nbs/74_serve.ipynb #2abfa242
 class TextStream:
     """Token ids in, text out as it becomes final: a tail that is not whole UTF-8 yet, or that may be the start of a
     stop string, is held back; at a stop string the text ends, the stop string not included (OpenAI's rule)."""
@@ -343,7 +343,7 @@ class TextStream:
         self.sent += len(out)
         return out
 
-# %% ../nbs/74_serve.ipynb #40ea0c94
+# %% ../nbs/74_serve.ipynb #509f3870
 def _now(): return int(time.time())
 
 def _logprobs_block(entries, texts):
@@ -394,7 +394,7 @@ async def decode_choices(batcher, prompts, params, stop_ids, make_stream):
     finally:
         for j in jobs: j.cancelled = True   # done, or the client went away: the decoder frees their rows
 
-# %% ../nbs/74_serve.ipynb #4fe725fe
+# %% ../nbs/74_serve.ipynb #8fc01b0f
 class Server:
     """The OpenAI API over one model: `app` is a Starlette application (`GET /v1/models`, `POST /v1/completions`,
     `POST /v1/chat/completions`) that any ASGI server runs; `apex3 serve` runs it with uvicorn."""
@@ -486,7 +486,7 @@ class Server:
         return JSONResponse({**head, 'choices': [final(i, c, ''.join(t), e) for i, (c, t, e) in enumerate(cs)],
                              'usage': usage([c for c, _, _ in cs])})
 
-# %% ../nbs/74_serve.ipynb #4468a90c
+# %% ../nbs/74_serve.ipynb #a5d1d9fa
 def _no_constant(name): raise ValueError(f'{name} is not JSON')
 
 async def _http_error(request, exc):
@@ -585,7 +585,7 @@ async def chat(srv, body):
     choices = decode_choices(srv.batcher, [ids], params, stops, lambda: TextStream(decode, params.stop))
     return await srv.reply('chat.completion', choices, body, params, chunk, final, len(ids))
 
-# %% ../nbs/74_serve.ipynb #9fdd9623
+# %% ../nbs/74_serve.ipynb #0c61375d
 @contextlib.contextmanager
 def serving(app, host='127.0.0.1', port=0):
     "Run `app` with uvicorn on a thread of this process; yields its base URL (`http://HOST:PORT/v1`)."
@@ -602,7 +602,7 @@ def serving(app, host='127.0.0.1', port=0):
         server.should_exit = True
         t.join(10)
 
-# %% ../nbs/74_serve.ipynb #e9b3b9d1
+# %% ../nbs/74_serve.ipynb #a1ffa10e
 def serve_parser():
     p = ArgParser(prog='apex3 serve', description='Serve a trained checkpoint over the OpenAI API '
                   '(/v1/models, /v1/completions, /v1/chat/completions).')
@@ -645,7 +645,7 @@ def serve_main(argv=None) -> int:
     "`apex3 serve CKPT [--host H] [--port P] [--api-key KEY] [...]`: the OpenAI API over a checkpoint."
     return run_command('serve', _serve, argv)
 
-# %% ../nbs/74_serve.ipynb #b2fe0571
+# %% ../nbs/74_serve.ipynb #b23b3f73
 RECORDS_FILE = 'serve.jsonl'   # records/serve.jsonl
 CONCURRENCY = (1, 4, 16)
 

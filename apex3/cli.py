@@ -19,6 +19,7 @@ COMMANDS = {
     'agent': ('apex3.agent.cli:agent_main', 'the agent runtime: tools|call (MCP), sandbox, replay TRACE, demo'),
     'demo': ('apex3.demo:demo_main', "the README's main job: the headline plan, the data pipeline, a tiny model"),
     'generate': ('apex3.generate_cli:generate_main', 'continue a prompt with a trained checkpoint, streaming it'),
+    'serve': ('apex3.serve:serve_main', 'serve a trained checkpoint over the OpenAI API (completions, chat, tools)'),
 }
 
 # %% ../nbs/01_cli.ipynb #b7b7b92a

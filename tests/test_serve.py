@@ -1,0 +1,362 @@
+"""`apex3 serve` through the official `openai` client: models, completions equal to `apex3 generate`, chat with tool
+calls from a tool-use model, streaming equal to whole replies, concurrent requests, bad requests; the loop over HTTP."""
+import concurrent.futures as cf, contextlib, io, json, os, subprocess, sys, threading, time
+from pathlib import Path
+import pytest, torch
+from hypothesis import given, settings, strategies as st
+
+openai = pytest.importorskip('openai')
+from apex3.agent.chat import render_chat
+from apex3.agent.demo import PYTHON_SCHEMA, conversation, demo_tokenizer, encode_example, finetune, new_model, problems
+from apex3.serve import BadRequest, Server, parse_messages, parse_params, parse_prompts, serving
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope='module')
+def demo(tmp_path_factory):
+    """The tool-use demo's model, taught two of its conversations (40 steps, a few seconds), saved as a checkpoint with
+    its tokenizer: (model, tokenizer, problems, checkpoint folder, tokenizer file)."""
+    from apex3.ckpt import save_checkpoint
+    from apex3.train import byte_shards, train_parser
+    train = problems(2, 0)
+    texts = [render_chat(*conversation(p, True)) for p in train]
+    tok = demo_tokenizer(texts, 400)
+    model = new_model(tok)
+    finetune(model, [encode_example(tok, t) for t in texts], tok.token_to_id('<|pad|>'), steps=40, batch=2, lr=1e-2,
+             log_every=0)
+    d = tmp_path_factory.mktemp('demo')
+    tok.save(str(d / 'tokenizer.json'))
+    shards = byte_shards(d / 'bytes', 4096, n_shards=1)
+    flags = train_parser().parse_args(['--config', 'tiny', '--set', f'vocab_size={tok.get_vocab_size()}',
+                                       '--eos-id', str(model.cfg.eos_id), '--set', 'attn=sdpa', '--set', 'max_docs=1',
+                                       '--data', f'{shards}/shard-*.bin', '--total-tokens', '1000'])
+    save_checkpoint(d / 'ckpt', 0, {'model': model.state_dict(), 'args': vars(flags)})
+    return model, tok, train, d / 'ckpt', d / 'tokenizer.json'
+
+
+@pytest.fixture(scope='module')
+def server(demo):
+    model, tok, *_ = demo
+    srv = Server(model, tok, 'demo', max_batch=8, max_len=512)
+    with serving(srv.app) as url: yield srv, openai.OpenAI(base_url=url, api_key='unused', max_retries=0), url
+
+
+def test_models(server):
+    srv, client, _ = server
+    assert [m.id for m in client.models.list().data] == ['demo']
+
+
+def test_greedy_completion_equals_apex3_generate(server, demo):
+    "The CLI's continuation (its own process, its own load of the checkpoint) is the server's greedy text."
+    _, client, _ = server
+    _, tok, train, ckpt, tok_file = demo
+    prompt = train[0][0]
+    main = 'import sys; from apex3.cli import main; sys.exit(main(sys.argv[1:]))'
+    r = subprocess.run([sys.executable, '-c', main, 'generate', ckpt, '--prompt', prompt, '--max-new', '12',
+                        '--tokenizer', tok_file], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    got = client.completions.create(model='demo', prompt=prompt, max_tokens=12, temperature=0)
+    assert r.stdout == prompt + got.choices[0].text + '\n'
+    assert got.usage.prompt_tokens == len(tok.encode(prompt).ids) and got.usage.completion_tokens <= 12
+
+
+def test_echo_logprobs_are_the_models(server, demo):
+    "What lm-evaluation-harness reads: every prompt token's log-probability, against a full forward of the model."
+    _, client, _ = server
+    model, tok, train, *_ = demo
+    ids = tok.encode(train[1][0]).ids
+    got = client.completions.create(model='demo', prompt=ids, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    lp = got.choices[0].logprobs
+    with torch.no_grad(): ref = model(torch.tensor([ids]))[0].float().log_softmax(-1)
+    want = [ref[i - 1, t].item() for i, t in enumerate(ids) if i]
+    assert lp.token_logprobs[0] is None and len(lp.token_logprobs) == len(ids)
+    assert max(abs(a - b) for a, b in zip(lp.token_logprobs[1:], want)) < 1e-4
+    assert got.choices[0].text == tok.decode(ids)
+
+
+def test_chat_tool_call_then_answer(server, demo):
+    "The demo model calls the python tool with the code it was taught, then reads the result into its answer."
+    _, client, _ = server
+    _, _, train, *_ = demo
+    msgs, _ = conversation(train[0], True)
+    r = client.chat.completions.create(model='demo', messages=msgs[:1], tools=[PYTHON_SCHEMA], temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == 'tool_calls' and c.message.content is None
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] == \
+        [('python', msgs[1]['tool_calls'][0]['function']['arguments'])]
+    follow = [msgs[0], c.message.model_dump(exclude_none=True),
+              {'role': 'tool', 'tool_call_id': c.message.tool_calls[0].id, 'content': msgs[2]['content']}]
+    r2 = client.chat.completions.create(model='demo', messages=follow, tools=[PYTHON_SCHEMA], temperature=0)
+    assert (r2.choices[0].message.content, r2.choices[0].finish_reason) == (msgs[3]['content'], 'stop')
+
+
+def _streamed(stream):
+    "(content, [(name, arguments)], finish reason) joined from a chat stream's chunks."
+    text, calls, finish = '', [], None
+    for ch in stream:
+        for c in ch.choices:
+            text += c.delta.content or ''
+            calls += [(t.function.name, t.function.arguments) for t in c.delta.tool_calls or []]
+            finish = c.finish_reason or finish
+    return text, calls, finish
+
+
+def test_streaming_equals_whole(server, demo):
+    _, client, _ = server
+    _, _, train, *_ = demo
+    msgs, _ = conversation(train[1], True)
+    for m in (msgs[:1], msgs[:3]):   # a tool call; a text answer
+        whole = client.chat.completions.create(model='demo', messages=m, tools=[PYTHON_SCHEMA],
+                                               temperature=0).choices[0]
+        parts = _streamed(client.chat.completions.create(model='demo', messages=m, tools=[PYTHON_SCHEMA],
+                                                         temperature=0, stream=True))
+        calls = [(t.function.name, t.function.arguments) for t in whole.message.tool_calls or []]
+        assert parts == (whole.message.content or '', calls, whole.finish_reason)
+    kw = dict(model='demo', prompt=train[0][0], max_tokens=20, temperature=0.8, seed=3, stop=['\n'])
+    whole = client.completions.create(**kw).choices[0]
+    parts = list(client.completions.create(**kw, stream=True))
+    assert ''.join(p.choices[0].text for p in parts) == whole.text and parts[-1].choices[0].finish_reason == \
+        whole.finish_reason and '\n' not in whole.text
+
+
+def test_eight_concurrent_requests_batch_and_match(server, demo):
+    "Eight requests at once: each gets what it gets alone, and the decoder ran some of them in one batch."
+    srv, client, _ = server
+    _, _, train, *_ = demo
+    prompts = [f'{train[i % 2][0]}{" " * (i // 2)}' for i in range(8)]
+    ask = lambda p: client.completions.create(model='demo', prompt=p, max_tokens=24, temperature=0,
+                                              extra_body={'ignore_eos': True}).choices[0].text
+    alone = [ask(p) for p in prompts]
+    before = len(srv.batcher.sizes)
+    with cf.ThreadPoolExecutor(8) as ex: together = list(ex.map(ask, prompts))
+    assert together == alone
+    assert max(srv.batcher.sizes[before:]) > 1, srv.batcher.sizes[before:]
+
+
+def _post(url, body, headers=None):
+    "(status, JSON) of a raw POST: bodies the official client would never send."
+    import httpx2
+    r = httpx2.post(url, content=body, headers={'content-type': 'application/json', **(headers or {})}, timeout=60)
+    return r.status_code, r.json()
+
+
+def test_bad_requests_are_4xx_and_the_server_stays_up(server):
+    srv, client, url = server
+    cases = [(b'{"model": "demo", "prompt": ', 400), (b'[1, 2]', 400), (b'{"model": "demo", "prompt": NaN}', 400),
+             (b'[' * 100_000 + b']' * 100_000, 400),
+             (json.dumps({'model': 'demo', 'prompt': 'x', 'max_tokens': -1}).encode(), 400),
+             (json.dumps({'model': 'demo', 'prompt': 'x', 'temperature': 'hot'}).encode(), 400),
+             (json.dumps({'model': 'demo', 'prompt': [10 ** 9]}).encode(), 400),
+             (json.dumps({'model': 'demo', 'prompt': 'x', 'max_tokens': 10 ** 6}).encode(), 400),
+             (json.dumps({'model': 'gpt-9', 'prompt': 'x'}).encode(), 404)]
+    for body, status in cases:
+        got, err = _post(f'{url}/completions', body)
+        assert (got, set(err)) == (status, {'error'}), (body[:60], got, err)
+    got, err = _post(f'{url}/chat/completions', json.dumps({'model': 'demo', 'messages': [
+        {'role': 'user', 'content': 'hi'}, {'role': 'system', 'content': 'late'}]}).encode())
+    assert got == 400 and 'system' in err['error']['message']
+    got, err = _post(f'{url}/nowhere', b'{}')
+    assert got == 404 and 'error' in err
+    with pytest.raises(openai.BadRequestError): client.completions.create(model='demo', prompt='x', n=2)
+    assert client.completions.create(model='demo', prompt='x', max_tokens=2, temperature=0).choices[0].text is not None
+
+
+def test_body_bound_and_its_control(demo):
+    "A body over the bound is refused with 413 before it is read whole; the control: a roomier server takes it."
+    model, tok, *_ = demo
+    body = json.dumps({'model': 'demo', 'prompt': 'x', 'max_tokens': 1, 'user': 'x' * 5000}).encode()
+    for max_body, status in ((4096, 413), (1 << 20, 200)):
+        srv = Server(model, tok, 'demo', max_batch=2, max_len=64, max_body=max_body)
+        with serving(srv.app) as url: assert _post(f'{url}/completions', body)[0] == status
+
+
+def test_api_key_and_its_control(demo):
+    "With --api-key, a request without it or with another is 401; the control: the same request with it passes."
+    model, tok, *_ = demo
+    srv = Server(model, tok, 'demo', api_key='sk-right', max_batch=2, max_len=256)
+    with serving(srv.app) as url:
+        for key in ('sk-wrong', 'sk-right'):
+            c = openai.OpenAI(base_url=url, api_key=key, max_retries=0)
+            if key == 'sk-wrong':
+                with pytest.raises(openai.AuthenticationError): c.models.list()
+            else: assert [m.id for m in c.models.list().data] == ['demo']
+        assert _post(f'{url}/completions', b'{}')[0] == 401
+
+
+# --- the request parser, over any JSON ---------------------------------------------------------------------------
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4),
+                     max_leaves=12)
+_keys = ['prompt', 'max_tokens', 'temperature', 'top_p', 'seed', 'stop', 'logprobs', 'echo', 'stream', 'n',
+         'messages', 'tools', 'tool_choice', 'ignore_eos', 'logit_bias']
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(_keys), _json, max_size=6))
+def test_parser_refuses_or_returns_checked_values(body):
+    "Any JSON object either parses to values in their ranges or is a `BadRequest`: never another exception."
+    encode = lambda s: [ord(c) % 50 for c in s]
+    try:
+        p = parse_params(body, max_len=64)
+        assert 0 <= p.max_tokens <= 64 and 0 <= p.temperature <= 2 and (p.top_p is None or 0 < p.top_p <= 1)
+        assert all(isinstance(s, str) and s for s in p.stop) and len(p.stop) <= 4
+        assert isinstance(p.echo, bool) and isinstance(p.stream, bool)
+    except BadRequest as e: assert e.status == 400 and e.param
+    try:
+        rows = parse_prompts(body, encode, vocab=50)
+        assert rows and all(r and all(isinstance(t, int) and 0 <= t < 50 for t in r) for r in rows)
+    except BadRequest as e: assert e.param == 'prompt'
+    try:
+        msgs = parse_messages(body)
+        assert all(m['role'] in ('system', 'user', 'assistant', 'tool') and isinstance(m['content'], str) for m in msgs)
+    except BadRequest as e: assert e.param == 'messages'
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 64), st.floats(0, 2), st.floats(0.01, 1), st.lists(st.text(min_size=1, max_size=5), max_size=4),
+       st.booleans())
+def test_parser_keeps_valid_values(n, temp, top_p, stop, echo):
+    "The reference: a body built from valid values parses back to exactly those values."
+    p = parse_params(dict(max_tokens=n, temperature=temp, top_p=top_p, stop=stop, echo=echo), max_len=64)
+    assert (p.max_tokens, p.temperature, p.top_p, p.stop, p.echo) == (n, temp, top_p, tuple(stop), echo)
+
+
+# --- the command ---------------------------------------------------------------------------------------------------
+
+def test_apex3_serve_process(demo):
+    "`apex3 serve` as a user runs it: it says where it listens, answers there, and a bad flag is one line, status 2."
+    _, _, train, ckpt, tok_file = demo
+    main = 'import sys; from apex3.cli import main; sys.exit(main(sys.argv[1:]))'
+    env = {**os.environ, 'PYTHONPATH': str(ROOT)}
+    bad = subprocess.run([sys.executable, '-c', main, 'serve', ckpt, '--port', '70000'], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and '--port' in bad.stderr
+    p = subprocess.Popen([sys.executable, '-c', main, 'serve', ckpt, '--port', '0', '--tokenizer', tok_file,
+                          '--name', 'demo', '--api-key', 'k'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        line = p.stdout.readline()
+        url = line.split(' at ')[1].split()[0]
+        c = openai.OpenAI(base_url=url, api_key='k', max_retries=0)
+        assert [m.id for m in c.models.list().data] == ['demo']
+    finally:
+        p.terminate()
+        p.wait(30)
+
+
+# --- the loop over HTTP ----------------------------------------------------------------------------------------------
+
+def test_loop_drives_the_demo_model_over_http(server, demo, tmp_path):
+    """The tool-use demo's model behind the server, the agent loop in front through `RemoteModel`: it calls the python
+    tool (run for real), reads the result and answers; events stream to the caller; the trace replays offline."""
+    from apex3.agent.loop import replay, run_agent
+    from apex3.agent.remote import RemoteModel
+    from apex3.agent.tools import SubprocessRunner, python_tool
+    from apex3.cli import run_cli
+    _, _, url = server
+    _, _, train, *_ = demo
+    q, code, value = train[1]
+    seen = []
+    res = run_agent(RemoteModel(url, 'demo'), [python_tool(SubprocessRunner(), timeout=10)],
+                    [{'role': 'user', 'content': q}], max_turns=3, max_tokens=200, on_event=seen.append,
+                    trace=tmp_path / 't.jsonl')
+    assert res.calls == [('python', {'code': code}, f'= {value}\n')]
+    assert (res.reason, res.answer) == ('answer', f'The answer is {value}.')
+    assert [e for e in seen if e[0] in ('call', 'result')] == [('call', 'python', {'code': code}),
+                                                               ('result', 'python', f'= {value}\n')]
+    assert replay(tmp_path / 't.jsonl') == (2, None)
+    rc, out, err = run_cli('agent', 'run', '--model-url', url, '--model', 'demo', '--python', '--max-tokens', '300',
+                           '--prompt', q)
+    assert rc == 0 and f'= {value}' in out and out.rstrip().splitlines()[-2] == f'The answer is {value}.', out + err
+
+
+def test_agent_chat_keeps_the_conversation(server, demo, monkeypatch):
+    """`apex3 agent chat`: a turn per stdin line, streamed; the second question reaches the model with the first
+    exchange (question, call, result, answer) before it, as the server's own rendering of the request shows."""
+    import io
+    import apex3.serve
+    from apex3.cli import run_cli
+    _, _, url = server
+    _, _, train, *_ = demo
+    prompts, render = [], apex3.serve.render_chat
+    monkeypatch.setattr(apex3.serve, 'render_chat', lambda *a, **k: prompts.append(render(*a, **k)) or prompts[-1])
+    monkeypatch.setattr('sys.stdin', io.StringIO(f'{train[0][0]}\n\n{train[1][0]}\n'))
+    rc, out, err = run_cli('agent', 'chat', '--model-url', url, '--model', 'demo', '--python', '--max-tokens', '200')
+    assert rc == 0, err
+    assert f'The answer is {train[0][2]}.' in out.splitlines() and len(prompts) >= 3, out
+    first = prompts[1].removesuffix('<|im_start|>assistant\n')   # the first question's second turn: after the result
+    assert prompts[-1].startswith(first) and train[1][0] in prompts[-1] and f'The answer is {train[0][2]}.' in prompts[-1]
+
+
+def test_compiled_batcher_rounds_rows_up_and_matches():
+    """Compiled, the decoder steps a power-of-two number of rows (one graph each): five requests at once on a
+    four-row cache compile at most three step graphs (1, 2, 4 rows), and each request gets its lone greedy decode."""
+    import queue
+    from torch._dynamo.utils import counters
+    from apex3.config import get_config
+    from apex3.generate import Generator
+    from apex3.model import Transformer
+    from apex3.serve import Batcher, Job, Params
+    torch.manual_seed(0)
+    tiny = Transformer(get_config('tiny')).eval()
+    rows = [[3, 1, 4], [1, 5, 9, 2], [6, 5], [3, 5, 8, 9, 7], [9, 3]]
+    want = [Generator(tiny, 32, 1, compile=False).generate([r], 6 + i)[0] for i, r in enumerate(rows)]
+    torch._dynamo.reset()
+    b = Batcher(tiny, max_batch=4, max_len=32, compile='eager')
+    outs = [queue.Queue() for _ in rows]
+    for i, r in enumerate(rows): b.submit(Job(r, Params(max_tokens=6 + i, temperature=0), frozenset(), outs[i].put))
+    got = []
+    for q in outs:
+        items = [q.get(timeout=120)]
+        while items[-1][0] != 'done': items.append(q.get(timeout=120))
+        got.append([it[1] for it in items if it[0] == 'token'])
+    assert got == want
+    assert 0 < counters['stats']['unique_graphs'] <= 3, counters['stats']
+
+
+def _deaf_alive(job, left, tok=None):
+    "The control's decoder: it ignores a cancelled job (the protection off), ending a row only at a stop or the length."
+    why = 'stop' if tok in job.stop_ids else 'length' if left <= 0 else None
+    if why: job.put(('done', why))
+    return why is None
+
+
+@pytest.mark.parametrize('protected', [True, False])
+def test_a_client_that_leaves_frees_its_row(server, demo, monkeypatch, protected):
+    """A streaming client that disconnects after two chunks of a 400-token request: its row is freed after a few
+    steps (the decoder's own count); the control, with cancellation ignored, runs all 400."""
+    srv, client, _ = server
+    _, _, train, *_ = demo
+    if not protected: monkeypatch.setattr(srv.batcher, '_alive', _deaf_alive)
+    before = len(srv.batcher.sizes)
+    stream = client.completions.create(model='demo', prompt=train[0][0], max_tokens=400, temperature=0, stream=True,
+                                       extra_body={'ignore_eos': True})
+    for _, _ in zip(range(2), stream): pass
+    stream.close()
+    deadline = time.time() + 120
+    while (any(srv.batcher.rows) or len(srv.batcher.sizes) == before) and time.time() < deadline: time.sleep(0.05)
+    steps = len(srv.batcher.sizes) - before
+    assert not any(srv.batcher.rows) and (steps < 200 if protected else steps == 399), steps
+
+
+def test_a_conversations_next_turn_prefills_only_what_is_new(server, demo):
+    """An agent's next turn starts with its last turn's prompt and reply: the decoder reuses the row that holds them
+    and prefills only the rest, and the answer is the one a fresh server (the control: nothing held, nothing reused)
+    gives."""
+    srv, client, _ = server
+    model, tok, train, *_ = demo
+    msgs, _ = conversation(train[0], True)
+    first = tok.encode(render_chat(msgs[:1], [PYTHON_SCHEMA], add_generation_prompt=True)).ids
+    second = tok.encode(render_chat(msgs[:3], [PYTHON_SCHEMA], add_generation_prompt=True)).ids
+    assert second[:len(first)] == first
+    ask = lambda c, m: c.chat.completions.create(model='demo', messages=m, tools=[PYTHON_SCHEMA], temperature=0)
+    ask(client, msgs[:1])
+    answer = ask(client, msgs[:3]).choices[0].message.content
+    assert len(first) <= srv.batcher.reused[-1] < len(second)
+    fresh = Server(model, tok, 'demo', max_batch=2, max_len=512)
+    with serving(fresh.app) as url:
+        assert ask(openai.OpenAI(base_url=url, api_key='-', max_retries=0), msgs[:3]).choices[0].message.content == answer
+    assert fresh.batcher.reused == [0] and answer == msgs[3]['content']

@@ -11,12 +11,13 @@ from .usage import commands_usage, load_target, run_command
 
 # %% ../nbs/01_cli.ipynb #c27d7b86
 COMMANDS = {
-    'plan': ('apex3.offload_plan:plan_main', 'plan a training run: GPUs, layout, memory, days, serving'),
+    'plan': ('apex3.offload.plan:plan_main', 'plan a training run: GPUs, layout, memory, days, serving'),
     'gpus': ('apex3.plan:gpus_main', 'list the GPUs the planner knows, with the source of every figure'),
     'bench': ('apex3.bench:bench_main', 'time training steps on random tokens (the step-10 benchmark), record them'),
     'data': ('apex3.data.pipeline:data_main', 'run the data pipeline (run CONFIG | demo | corpus) or one stage'),
     'train': ('apex3.train:train_main', 'train a model on token shards (resumable; torchrun for several GPUs)'),
-    'agent': ('apex3.agent.cli:agent_main', 'the agent runtime: tools|call (MCP), sandbox, replay TRACE, demo'),
+    'agent': ('apex3.agent.cli:agent_main',
+              'the agent runtime: tools|call (MCP), sandbox, replay TRACE, demo, run|chat (any OpenAI URL)'),
     'demo': ('apex3.demo:demo_main', "the README's main job: the headline plan, the data pipeline, a tiny model"),
     'generate': ('apex3.generate_cli:generate_main', 'continue a prompt with a trained checkpoint, streaming it'),
     'serve': ('apex3.serve:serve_main', 'serve a trained checkpoint over the OpenAI API (completions, chat, tools)'),

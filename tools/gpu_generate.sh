@@ -9,7 +9,7 @@ out=${OUT:-/tmp/out}/generate.jsonl
 part() {   # part SECONDS BATCHES METHOD
   timeout "$1" python3 -c "
 import torch
-from apex3.generate import bench_generate
+from apex3.model_bench import bench_generate
 bench_generate(('C',), batches=$2, runs=((torch.bfloat16, ('$3',)),), device='cuda', records='$out')" 2>&1 |
     grep -v -E '^\s*$|Warning|warn\(' | tail -25
 }

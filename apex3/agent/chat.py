@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['CHAT_TOKENS', 'TOOLS_PREAMBLE', 'TOOLS_CODA', 'CHAT_TEMPLATE', 'render_chat', 'save_chat_config',
-           'load_chat_template', 'golden_conversations', 'parse_chat', 'check_call', 'StreamParser', 'parse_stream',
-           'join_events']
+           'load_chat_template', 'golden_conversations', 'parse_chat', 'held_back', 'check_call', 'StreamParser',
+           'parse_stream', 'join_events']
 
 # %% ../../nbs/60_chat.ipynb #0101550c
 import functools, json, logging, re
@@ -147,7 +147,7 @@ def parse_chat(text):
     return msgs, tools
 
 # %% ../../nbs/60_chat.ipynb #a66f86d7
-def _held(buf, tags):
+def held_back(buf, tags):
     "Length of the longest suffix of `buf` that is a proper prefix of one of `tags`."
     return max((k for t in tags for k in range(1, len(t)) if buf.endswith(t[:k])), default=0)
 
@@ -178,7 +178,7 @@ class StreamParser:
                 out += self._close()
                 break
             if i < 0:
-                k = len(self.buf) - _held(self.buf, [tag, '<|im_end|>'])
+                k = len(self.buf) - held_back(self.buf, [tag, '<|im_end|>'])
                 self._emit(out, self.buf[:k])
                 self.buf = self.buf[k:]
                 break

@@ -20,7 +20,7 @@ from .run import TrainHook
 from .diloco import (DiLoCo, DistTransport, Outer, diloco_round, local_weights, set_weights, init_worker_groups,
                           _tensors)
 from .diloco_files import GLOBAL_FILES, FilesTransport, serve_dir
-from .offload import host_available_bytes
+from .offload.memory import host_available_bytes
 from .plan import diloco_host_bytes
 
 _log = logging.getLogger('apex3.diloco')

@@ -18,7 +18,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from .config import get_config
 from .model import Experts, scaled_swiglu
-from .offload_plan import OffloadPlan, micro_time, offload_plan, recompute_flops
+from .offload.plan import OffloadPlan, micro_time, offload_plan, recompute_flops
 from .records import GiB, append_records, attempt, latest_run, load_records, time_fn
 from .usage import UsageError
 try: import triton, triton.language as tl
@@ -504,7 +504,7 @@ def mfu_bounds(rec, saved_s=()):
     step, the step's bytes on the host link and their floor at the run's own link speed, and the MFU with the step at
     that floor, less each of `saved_s` seconds a micro-batch, and with the step hidden."""
     from apex3.config import ModelConfig, param_counts
-    from apex3.offload_plan import _per_param
+    from apex3.offload.plan import per_param_bytes as _per_param
     cfg, accum, micro = ModelConfig(**rec['cfg']), rec['flags']['accum'], rec['micro_s_median']
     counts = param_counts(cfg)
     up, down = _per_param(cfg, counts, rec['flags']['offload_accum'], rec['flags'].get('offload_masters', 'fp32'))

@@ -69,8 +69,8 @@ def _device_memory(device):
 
 def check_host_memory(s: RunSettings, cfg, device):
     "Refuse an offload run whose host memory (the planner's estimate) exceeds what the host has available."
-    from apex3.offload_plan import offload_host_gib, HOST_OVERHEAD_GIB
-    from apex3.offload import host_available_bytes
+    from apex3.offload.plan import offload_host_gib, HOST_OVERHEAD_GIB
+    from apex3.offload.memory import host_available_bytes
     o = s.offload
     keep = 1.0 if o.act_budget is None else o.act_budget   # no budget: beyond --act-offload they stay on the GPU
     overhead = HOST_OVERHEAD_GIB if device.type == 'cuda' else 0   # a CUDA process's own, on a GPU only
@@ -87,7 +87,7 @@ def check_host_memory(s: RunSettings, cfg, device):
 def _optimizer(model, s: RunSettings):
     "The host optimizer of `--offload`, else the GPU one (chapter `30_optim`)."
     from apex3.optim import build_optimizer
-    from apex3.offload import OffloadOptimizer
+    from apex3.offload.host_optim import OffloadOptimizer
     o = s.offload
     if not o.offload: return build_optimizer(model, **s.optim.optimizer_kwargs())
     return OffloadOptimizer(model, accum=o.offload_accum, gpu_bytes=int(o.offload_gpu_gib * GiB),
@@ -95,8 +95,8 @@ def _optimizer(model, s: RunSettings):
                             pipeline=o.step_pipeline, split=o.offload_masters == 'split', **s.optim.optimizer_kwargs())
 
 def _activation_offload(model, o: OffloadSettings, device):
-    "Saved tensors sent to host memory (chapter `20_offload`), or None when no setting asks for it."
-    from apex3.offload import ActivationOffload, PinnedPool, gemm_offload_hooks, host_available_bytes
+    "Saved tensors sent to host memory (chapter `20_offload_memory`), or None when no setting asks for it."
+    from apex3.offload.memory import ActivationOffload, PinnedPool, gemm_offload_hooks, host_available_bytes
     if not (o.act_offload or o.act_budget is not None): return None
     keep = None if o.act_budget is None else o.act_budget * _device_memory(device)
     pool = PinnedPool(int(host_available_bytes() * 0.8), pin=device.type == 'cuda', slab_bytes=2**28)   # it grows

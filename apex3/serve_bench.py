@@ -6,7 +6,7 @@ in-process `Generator` on the same model."""
 # %% auto #0
 __all__ = ['RECORDS_FILE', 'CONCURRENCY', 'NumberTokenizer', 'bench_serve', 'serve_table', 'plot_serve']
 
-# %% ../nbs/74a_serve_bench.ipynb #047e7bd7
+# %% ../nbs/74a_serve_bench.ipynb #c44a0261
 import concurrent.futures, itertools, os, time
 from .serve import Server, serving
 

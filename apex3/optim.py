@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 import torch
 from torch import nn
-from .kernels import triton_interpreting
+from .kernels.ce import triton_interpreting
 try: import triton, triton.language as tl
 except ImportError: triton = tl = None   # the update's elementwise steps run in PyTorch
 

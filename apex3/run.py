@@ -124,7 +124,7 @@ class Run:
 
     def __init__(self, s: RunSettings):
         from apex3.model import Transformer
-        from apex3.kernels import apply_fp8, fused_linear_cross_entropy
+        from apex3.kernels.ce import apply_fp8, fused_linear_cross_entropy
         if not isinstance(s, RunSettings):
             raise TypeError(f'Run takes RunSettings (settings_from_args of parsed flags), not {type(s).__name__}')
         self.settings, self.cfg, self.device = s, run_config(s), torch.device(s.device)
@@ -136,7 +136,7 @@ class Run:
         p = s.precision
         experts = None if p.fp8_experts == 'off' else p.fp8_experts
         self.precision = apply_fp8(self.model, p.precision, p.fp8_recipe, experts, device=self.device)
-        from apex3.fp8_experts import set_fp8_cache
+        from apex3.kernels.fp8_experts import set_fp8_cache
         set_fp8_cache(self.model, p.fp8_cache)
         apply_recompute(self.model, s.compile.recompute)
         if s.compile.compile_blocks: compile_blocks(self.model)
@@ -170,7 +170,7 @@ def micro_step(run, tokens):
 
 def optimizer_step(run):
     "Step the optimizer, clear the gradients and z-loss parts; returns the router's expert loads."
-    from apex3.fp8_experts import weights_stepped
+    from apex3.kernels.fp8_experts import weights_stepped
     run.opt.step()
     run.opt.zero_grad(set_to_none=True)
     run.z_parts.clear()

@@ -35,8 +35,8 @@ from .settings import (TrainSettings, RunSettings, ScheduleSettings, CheckpointS
 from .run import Run, micro_step, last_micro_starts, optimizer_step, micro_flops, status_gib
 from .config import get_config
 from .records import device_peak_tflops, GiB
-from .kernels import warn_once as warn_once_to
-from .diloco_train import diloco_hooks, data_slice, branch_from_diloco, join_dist_workers
+from .kernels.ce import warn_once as warn_once_to
+from .diloco.trainer import diloco_hooks, data_slice, branch_from_diloco, join_dist_workers
 
 _log = logging.getLogger('apex3.train')
 

@@ -11,7 +11,7 @@ import sys
 import torch
 sys.path.insert(0, 'tools')
 from gpu_decode_profile import time_step
-import apex3.gemv as gemv
+import apex3.kernels.gemv as gemv
 from apex3.config import get_config
 from apex3.generate import CachedAttention, Generator, RowLinear, build_model, decode_bytes, hbm_bytes_per_s
 from apex3.records import append_records

@@ -4,7 +4,7 @@ CUDA graph (a launch's time is its kernel's, as in a decode step's graph). Recor
 usage (GPU host, repo root, after `source tools/gpu_env.sh`): python3 tools/gpu_slots_sweep.py OUT.jsonl"""
 import itertools, sys
 import torch
-import apex3.gemv as gemv
+import apex3.kernels.gemv as gemv
 from apex3.config import get_config
 from apex3.model import route
 from apex3.records import append_records

@@ -4,7 +4,7 @@ import json, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
 from safetensors.torch import load_file
-from apex3.diloco.core import simulate
+from apex3.diloco.toy import simulate
 from apex3.usage import free_port
 
 ROOT = Path(__file__).parents[1]
@@ -35,7 +35,7 @@ def test_files_workers_equal_the_simulation_bit_for_bit(tmp_path, n, http, how):
     assert not any(KEY in e for e in errs)
 
 # ---- the trainer: two `apex3 train` workers through files ----
-from apex3.train import byte_shards, read_log
+from apex3.train_io import byte_shards, read_log
 from apex3.ckpt import sha256_file
 
 TINY = ['--config', 'tiny', '--seq-len', '32', '--micro-bs', '2', '--lr', '3e-3', '--device', 'cpu',

@@ -3,7 +3,7 @@ import json, math, os, signal, subprocess, sys, time
 from functools import partial
 from pathlib import Path
 import pytest, torch
-from apex3.train import byte_shards, read_log
+from apex3.train_io import byte_shards, read_log
 from apex3.usage import free_port
 
 ROOT = Path(__file__).parents[1]

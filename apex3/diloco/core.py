@@ -6,16 +6,14 @@ moved and an outer optimizer with momentum moves the shared weights."""
 # %% auto #0
 __all__ = ['SCALE', 'float_tensors', 'local_weights', 'set_weights', 'shard_of', 'full_of', 'Outer', 'outer_step',
            'pseudo_gradient', 'average', 'outer_stats', 'encode', 'decode', 'expected_encoding', 'payload_bytes',
-           'DiLoCo', 'mean_of', 'diloco_round', 'ListTransport', 'toy_model', 'toy_worker_steps', 'make_inner',
-           'simulate', 'data_parallel', 'DistTransport', 'init_worker_groups', 'toy_worker', 'shard_toy',
-           'spawn_dist_toy']
+           'DiLoCo', 'mean_of', 'diloco_round', 'DistTransport', 'init_worker_groups']
 
 # %% ../../nbs/40_diloco.ipynb #15ba88d0
-import copy, logging, math, time
+import logging, math, time
 from dataclasses import dataclass, field
 import torch, torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
-from ..usage import UsageError, free_port
+from ..usage import UsageError
 from ..settings import COMPRESS   # the encodings `--diloco-compress` offers
 
 _log = logging.getLogger('apex3.diloco')
@@ -222,71 +220,6 @@ def diloco_round(dl: DiLoCo, model, opt, tokens=0) -> dict:
     set_weights(model, opt, dl.glob)
     return rec
 
-# %% ../../nbs/40_diloco.ipynb #a85b89c7
-class ListTransport:
-    "Hands every worker's payload to the round's average inside one process (the simulation's transport)."
-    def __init__(self, payloads: dict, how: str): self.payloads, self.how = payloads, how
-    def exchange(self, rnd, enc, tokens):
-        return mean_of(self.payloads, self.how), list(self.payloads), dict(diloco_rejected={})
-
-def toy_model(seed=0):
-    "A small model whose inner loop is cheap and deterministic on CPU."
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-
-def toy_worker_steps(model, opt, rank, step0, steps, part=(0, 1)):
-    """`steps` inner steps of worker `rank` (its own data: a rank- and step-seeded batch); `part=(j, G)`: rank j of an
-    FSDP group of G takes the j-th G-th of the batch (the group's averaged gradient is then the whole batch's)."""
-    j, n = part
-    for s in range(step0, step0 + steps):
-        gen = torch.Generator().manual_seed(1000 * rank + s)
-        x = torch.randn(16, 8, generator=gen)
-        y = x[:, :1] * (1 + rank) + torch.sin(x[:, 1:2])
-        rows = slice(j * 16 // n, (j + 1) * 16 // n)
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x[rows]), y[rows]).backward()
-        opt.step()
-
-def make_inner(model, inner='adamw', lr=1e-2):
-    return (torch.optim.SGD if inner == 'sgd' else torch.optim.AdamW)(model.parameters(), lr=lr)
-
-def simulate(workers, rounds, every, outer=Outer(), compress='fp32', inner='adamw', lr=1e-2, gone=None) -> dict:
-    """Worker 0's global weights after `rounds` rounds of `workers` DiLoCo workers, all in this process; `gone={k: r}`:
-    worker k is missing from round r on."""
-    models = [toy_model() for _ in range(workers)]
-    opts = [make_inner(m, inner, lr) for m in models]
-    dl = DiLoCo(local_weights(models[0]), outer=outer, compress=compress)
-    for r in range(rounds):
-        encs = {}
-        for k, (m, o) in enumerate(zip(models, opts)):
-            if (gone or {}).get(k, rounds + 1) <= r + 1: continue
-            toy_worker_steps(m, o, k, r * every, every)
-            encs[k] = encode(pseudo_gradient(dl.glob, local_weights(m)), compress)
-        dl.transport = ListTransport(encs, compress)
-        glob, _ = dl.step(local_weights(models[0]))   # this worker's own payload is already among `encs`
-        for m, o in zip(models, opts): set_weights(m, o, glob)
-    return dl.glob
-
-# %% ../../nbs/40_diloco.ipynb #a5962894
-def data_parallel(workers, steps, lr=1e-2) -> dict:
-    "Synchronous data parallel SGD on the toy problem: every step, the workers' gradients averaged."
-    model = toy_model()
-    for s in range(steps):
-        grads = []
-        for k in range(workers):
-            m = copy.deepcopy(model)
-            toy_worker_steps(m, _GradOnly(m), k, s, 1)
-            grads.append([p.grad for p in m.parameters()])
-        with torch.no_grad():
-            for p, *gs in zip(model.parameters(), *grads): p.sub_(lr * sum(gs) / workers)
-    return local_weights(model)
-
-class _GradOnly:
-    "An optimizer that only clears gradients: `toy_worker_steps` then leaves one step's gradients in place."
-    def __init__(self, model): self.model = model
-    def zero_grad(self): self.model.zero_grad(set_to_none=True)
-    def step(self): pass
-
 # %% ../../nbs/40_diloco.ipynb #7bd84eef
 def _flat(enc: dict, dtype) -> torch.Tensor:
     return torch.cat([v.reshape(-1) for v in enc.values() if v.dtype == dtype])
@@ -401,72 +334,3 @@ def init_worker_groups(workers, timeout=600.0, backend='gloo'):
     dist.init_process_group(backend, store=dist.PrefixStore(f'worker-{worker}', store), rank=inner, world_size=size)
     pg = dist.ProcessGroupGloo(dist.PrefixStore(f'diloco-{inner}', store), worker, workers, timedelta(seconds=timeout))
     return worker, size, pg
-
-# %% ../../nbs/40_diloco.ipynb #92df1d80
-def toy_worker(transport, rank, rounds, every, compress='fp32', outer=Outer(), inner='adamw', lr=1e-2, part=(0, 1),
-               die_at=None, sig='SIGKILL') -> DiLoCo:
-    """Run worker `rank` of the toy problem for `rounds` rounds through `transport`; its `DiLoCo` state at the end.
-    `part=(j, G)`: this process is rank j of the worker's FSDP2 group of G; `die_at`: send itself `sig` before that
-    round (SIGKILL: a dead peer; SIGSTOP: a hung one)."""
-    import os, signal
-    model = toy_model()
-    if part[1] > 1: shard_toy(model)
-    opt = make_inner(model, inner, lr)
-    layout = {n: p for n, p in model.named_parameters() if isinstance(p, DTensor)}
-    dl = DiLoCo(local_weights(model), transport, outer, compress, layout=layout)
-    dl.start()
-    set_weights(model, opt, dl.glob)
-    while dl.round < rounds:
-        toy_worker_steps(model, opt, rank, dl.round * every, every, part)
-        if dl.round + 1 == die_at: os.kill(os.getpid(), getattr(signal, sig))
-        diloco_round(dl, model, opt)
-    dl.finish()
-    return dl
-
-def shard_toy(model):
-    "FSDP2 over the default process group: each linear layer a unit, the root the rest."
-    from torch.distributed.fsdp import fully_shard
-    for m in model:
-        if isinstance(m, torch.nn.Linear): fully_shard(m)
-    fully_shard(model)
-
-def _dist_toy_main(out, workers, rounds, every, compress, timeout=60.0, die_at=0, sig='SIGKILL'):
-    "A torchrun-style process (RANK, WORLD_SIZE, MASTER_* in the environment): its worker's rank 0 saves the globals."
-    from safetensors.torch import save_file
-    worker, size, pg = init_worker_groups(workers, timeout)
-    inner = dist.get_rank()
-    try:
-        dl = toy_worker(DistTransport(pg, compress), worker, rounds, every, compress, part=(inner, size),
-                        die_at=die_at if worker == workers - 1 else None, sig=sig)
-        glob = dl.state_dict()['glob']   # under FSDP2 a gather over the worker's ranks
-    finally: dist.destroy_process_group()
-    if inner == 0: save_file(glob, out)
-
-# %% ../../nbs/40_diloco.ipynb #2d79587b
-def spawn_dist_toy(tmp, workers, rounds, every, compress='fp32', group=1, die_at=0, sig='SIGKILL', deadline=60.0,
-                   timeout=120):
-    """Start `workers` DiLoCo workers of `group` gloo processes each (FSDP2 inside a worker when `group` > 1) on
-    loopback; `die_at`: the last worker sends itself `sig` before that round. Returns (each worker's final global
-    weights, None for one that died; every process's stderr)."""
-    import os, subprocess, sys
-    from pathlib import Path
-    from safetensors.torch import load_file
-    port = free_port()
-    outs = [Path(tmp) / f'dist-{w}-of-{workers}x{group}.safetensors' for w in range(workers)]
-    for o in outs: o.unlink(missing_ok=True)
-    code = ('import sys, apex3.diloco.core as d; a = sys.argv; '
-            'd._dist_toy_main(a[1], *map(int, a[2:5]), a[5], float(a[6]), int(a[7]), a[8])')
-    env = lambda r: {**os.environ, 'OMP_NUM_THREADS': '1', 'RANK': str(r), 'WORLD_SIZE': str(workers * group),
-                     'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port)}
-    argv = lambda r: [str(outs[r // group]), *map(str, (workers, rounds, every, compress, deadline, die_at, sig))]
-    ps = [subprocess.Popen([sys.executable, '-c', code, *argv(r)], env=env(r), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True) for r in range(workers * group)]
-    try:
-        errs = [p.communicate(timeout=timeout)[1] for p in ps[:-group]]   # survivors first: a stopped peer never ends
-        for p in ps[-group:]:
-            if die_at and sig == 'SIGSTOP': p.kill()
-        errs += [p.communicate(timeout=timeout)[1] for p in ps[-group:]]
-    finally:
-        for p in ps: p.kill()
-    if bad := [e for p, e in zip(ps, errs) if p.returncode and p.returncode != -9]: raise RuntimeError(bad[0][-2000:])
-    return [load_file(o) if o.exists() else None for o in outs], errs

@@ -12,7 +12,7 @@ from ..usage import free_port
 
 # %% ../../nbs/43_diloco_evidence.ipynb #ed4e9507
 def _sweep_args(data_dir, micro_bs, seq_len, lr, val_every):
-    from apex3.train import demo_specs, data_meta
+    from apex3.train_io import demo_specs, data_meta
     tr, va = demo_specs(data_dir)
     m = data_meta(tr[0])
     return ['--config', 'tiny', '--set', f"vocab_size={m['vocab_size']}", '--eos-id', str(m['eos_id']),
@@ -42,7 +42,7 @@ def read_gbs(folder, nbytes, repeat=5) -> float:
     return nbytes / best / 1e9
 
 def _run_record(name, logs, tokens, bytes_moved, **kw) -> dict:
-    from apex3.train import read_log
+    from apex3.train_io import read_log
     recs = read_log(logs[0])
     val = lambda r: sum(v for k, v in r.items() if k.startswith('val_')) / sum(k.startswith('val_') for k in r)
     scale = len(logs) if kw.pop('per_worker', False) else 1   # a worker's tokens, times the workers
@@ -58,7 +58,7 @@ def diloco_sweep(data_dir, out, steps=400, micro_bs=4, seq_len=64, lr=3e-3, val_
     import os
     from apex3.records import append_records
     from apex3.config import get_config
-    from apex3.train import read_log
+    from apex3.train_io import read_log
     out, env = Path(out), {**os.environ, 'OMP_NUM_THREADS': '1'}
     base, step_tokens = _sweep_args(data_dir, micro_bs, seq_len, lr, val_every), micro_bs * seq_len
     start = dict(start='random init')

@@ -353,7 +353,8 @@ def files_toy_main(argv=None):
     "`python -m apex3.diloco.files OUT ROOT RANK WORKERS ROUNDS EVERY COMPRESS TIMEOUT LISTEN PEER...`, $DILOCO_KEY."
     import sys
     from safetensors.torch import save_file
-    from apex3.diloco.core import toy_model, toy_worker, local_weights
+    from apex3.diloco.core import local_weights
+    from apex3.diloco.toy import toy_model, toy_worker
     out, root, rank, workers, rounds, every, how, timeout, listen, *peers = argv or sys.argv[1:]
     logging.basicConfig(level=logging.WARNING, format='%(message)s')
     if listen != '-': serve_dir(root, listen)

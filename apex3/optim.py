@@ -6,13 +6,14 @@
 __all__ = ['NS_COEFFS', 'NS_STEPS', 'NS_EPS', 'ADAMW_NAMES', 'DECAYS', 'newton_schulz', 'muon_scale', 'shape_buckets',
            'fused_here', 'fused_or_torch', 'momentum_update_', 'apply_update_', 'muon_update_chunk',
            'muon_step_offloaded', 'Muon', 'muon_group_kwargs', 'matrix_views', 'param_group_of', 'param_groups',
-           'param_group_table', 'model_meta', 'MuonAdamW', 'muon_groups', 'build_optimizer', 'WSD']
+           'param_group_table', 'model_meta', 'MuonAdamW', 'muon_groups', 'build_optimizer', 'WSD', 'make_schedule']
 
 # %% ../nbs/30_optim.ipynb #ae8fb60c
 import functools, logging, math
 from collections import defaultdict
 import torch
 from torch import nn
+from .usage import UsageError
 from .kernels.ce import triton_interpreting
 try: import triton, triton.language as tl
 except ImportError: triton = tl = None   # the update's elementwise steps run in PyTorch
@@ -343,3 +344,9 @@ class WSD:
         return self.floor + (1 - self.floor) * self.shape(p)
 
     def done(self, tokens): return tokens >= self.stop
+
+def make_schedule(sc) -> WSD:
+    "The WSD schedule of `ScheduleSettings` (warmup: 1% of the length unless told); a `UsageError` if it cannot be."
+    warm = sc.warmup_tokens if sc.warmup_tokens is not None else 0.01 * sc.total_tokens
+    try: return WSD(sc.total_tokens, warm, sc.decay_frac, sc.decay, stop_at_tokens=sc.stop_at_tokens)
+    except ValueError as e: raise UsageError(str(e)) from None

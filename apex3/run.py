@@ -4,11 +4,13 @@
 
 # %% auto #0
 __all__ = ['micro_flops', 'device_gpu', 'device_peak_tflops', 'apply_recompute', 'compile_blocks', 'mark_gemms', 'status_gib',
-           'host_memory', 'check_host_memory', 'Run', 'last_micro_starts', 'micro_step', 'optimizer_step', 'TrainHook']
+           'host_memory', 'check_host_memory', 'shard_model', 'device_memory_bytes', 'Run', 'last_micro_starts',
+           'micro_step', 'optimizer_step', 'TrainHook', 'TrainState']
 
 # %% ../nbs/24_run.ipynb #d743c45a
-import contextlib, functools
+import contextlib, functools, os
 from collections.abc import Callable
+from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 from .usage import UsageError
@@ -123,6 +125,21 @@ def _activation_offload(model, o: OffloadSettings, device):
         gemm_offload_hooks(model, act)
     return act
 
+def shard_model(model, bf16=False):
+    """FSDP2: every block is a unit, the root takes the rest; with `bf16`, weights are gathered in bf16 and gradients
+    reduced in fp32."""
+    from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy
+    mp = MixedPrecisionPolicy()
+    if bf16:
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    for block in model.layers: fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+
+def device_memory_bytes(device):
+    "Memory of a GPU, or the host's for the CPU."
+    if device.type == 'cuda': return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+
 # %% ../nbs/24_run.ipynb #78ed26f5
 class Run:
     "A model, its optimizer and its offload machinery, built from `RunSettings`."
@@ -137,8 +154,11 @@ class Run:
     loss_fn: Callable                 # the fused cross-entropy of the settings
     act: object | None                # `ActivationOffload`, or None when no setting asks for it
     host_setup: list[dict]            # host memory after each part of the set-up
+    sharded: bool                     # FSDP2 over the job's ranks
+    defer_sync: bool                  # FSDP2: gradients reduce-scattered after a step's last micro-batch only
 
-    def __init__(self, s: RunSettings):
+    def __init__(self, s: RunSettings, shard_dtype=None):
+        "`shard_dtype` (`bf16` or `fp32`): FSDP2 over the job's ranks, the weights gathered in that dtype."
         from apex3.model import Transformer
         from apex3.kernels.ce import apply_fp8, fused_linear_cross_entropy
         if not isinstance(s, RunSettings):
@@ -164,6 +184,17 @@ class Run:
         self.loss_fn = functools.partial(fused_linear_cross_entropy, impl=p.ce_impl, chunk=p.ce_chunk,
                                          z_parts=self.z_parts)
         self.act = _activation_offload(self.model, s.offload, self.device)
+        self.sharded, self.defer_sync = shard_dtype is not None, False
+        if self.sharded: self._shard(shard_dtype == 'bf16')
+
+    def _shard(self, bf16):
+        "FSDP2 over the job's ranks, and the optimizer built again over the shards."
+        from apex3.optim import build_optimizer
+        shard_model(self.model, bf16)
+        self.opt = build_optimizer(self.model, **self.settings.optim.optimizer_kwargs())
+        # skipping the reduce of early micro-batches keeps an unsharded fp32 gradient of every parameter on each rank
+        full_grad = 4 * sum(p.numel() for p in self.model.parameters())
+        self.defer_sync = full_grad <= 0.1 * device_memory_bytes(self.device)
 
 # %% ../nbs/24_run.ipynb #b4cdedd5
 def _act_scope(run):
@@ -213,3 +244,16 @@ class TrainHook:
 
     def finish(self):
         "The loop ended."
+
+@dataclass
+class TrainState:
+    "The loop's position: what a checkpoint must hold besides model, optimizer, data cursor and RNG."
+    step: int = 0          # optimizer steps taken (skipped ones included)
+    tokens: int = 0        # tokens read, over all ranks
+    bad_streak: int = 0    # consecutive non-finite steps
+    skipped: int = 0       # non-finite steps in all
+    next_ckpt: float = 0.0 # token count at which the next checkpoint is due
+
+    def move_to(self, step, tokens, ck):
+        "Stand at `step` and `tokens` (where a hook says the run is); the next checkpoint follows from the tokens."
+        self.step, self.tokens, self.next_ckpt = step, tokens, ck.next_due(tokens)

@@ -76,8 +76,8 @@ def open_data(s, cfg, micro_bs, seed, part) -> tuple:
     from apex3.data.loader import MixtureLoader
     check_data(cfg, s.data + s.val_data)
     try:
-        loader = MixtureLoader(s.data, cfg.seq_len, micro_bs, seed, *part)
         val = ValSet(s.val_data, cfg.seq_len, micro_bs, s.val_batches) if s.val_data else None
+        loader = MixtureLoader(s.data, cfg.seq_len, micro_bs, seed, *part)
     except (FileNotFoundError, ValueError) as e: raise UsageError(str(e)) from None
     return loader, val
 

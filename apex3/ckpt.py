@@ -298,7 +298,7 @@ def checkpoint_bytes(model, opt) -> int:
     return _tensor_bytes(model.state_dict()) + optimizer_state_bytes(opt) + CKPT_OVERHEAD
 
 def check_checkpoint_room(ckpt_dir, model, opt, keep, saves):
-    "`check_room` for `saves` more checkpoints of `model` and `opt` in `ckpt_dir`: `UsageError` if the next does not fit."
+    "`check_room` for `saves` more checkpoints of `model` and `opt` in `ckpt_dir`: `UsageError` if the next won't fit."
     size = checkpoint_bytes(model, opt)
     if done := complete_checkpoints(ckpt_dir): size = max(size, sum(f.stat().st_size for f in done[-1].iterdir()))
     check_room(ckpt_dir, size, keep, saves)

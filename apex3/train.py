@@ -28,7 +28,8 @@ from .settings import (TrainSettings, ScheduleSettings, train_parser,
                             changed_flags, checked_train_config)
 from .ckpt import check_checkpoint_room
 from .optim import make_schedule
-from .run import Run, TrainState, micro_step, last_micro_starts, optimizer_step, micro_flops, status_gib, device_peak_tflops
+from .run import (Run, TrainState, micro_step, last_micro_starts, optimizer_step, micro_flops, status_gib,
+                       device_peak_tflops)
 from .train_io import data_meta, check_outputs, default_log, open_data, StepLog
 from .diloco.trainer import diloco_hooks, branch_from_diloco, join_dist_workers
 

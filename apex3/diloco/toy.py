@@ -131,7 +131,7 @@ def spawn_dist_toy(tmp, workers, rounds, every, compress='fp32', group=1, die_at
     port = free_port()
     outs = [Path(tmp) / f'dist-{w}-of-{workers}x{group}.safetensors' for w in range(workers)]
     for o in outs: o.unlink(missing_ok=True)
-    code = ('import sys, apex3.diloco.core as d; a = sys.argv; '
+    code = ('import sys, apex3.diloco.toy as d; a = sys.argv; '
             'd._dist_toy_main(a[1], *map(int, a[2:5]), a[5], float(a[6]), int(a[7]), a[8])')
     env = lambda r: {**os.environ, 'OMP_NUM_THREADS': '1', 'RANK': str(r), 'WORLD_SIZE': str(workers * group),
                      'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port)}

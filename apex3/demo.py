@@ -44,7 +44,7 @@ def demo_main(argv=()):
         limit = [f'--max-files={a.max_files}'] if a.max_files else []
         if rc := run_command('data', data_main, ['demo', str(out / 'data'), *limit]): return rc
     with phase(timings, 'train'):
-        from apex3.train import demo_train
+        from apex3.train_evidence import demo_train
         print(f'\ntraining the tiny model on {out / "data"} for about {a.minutes:g} minute' + 's' * (a.minutes != 1))
         print('\n'.join(summary_lines(demo_train(out / 'train', out / 'data', minutes=a.minutes))))
     with phase(timings, 'agent'):

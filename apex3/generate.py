@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
 from .model import Transformer, Experts, apply_rope, route, expert_counts, swiglu, rope_cos_sin, generate
 from .config import get_config, param_components
-from .decode_attention import decode_attention
-from .gemv import chosen_experts, gemv_ok, moe_gemv, mul_sum_linear, norm_qkv, row_gemv, stored_linear
+from .kernels.decode_attention import decode_attention
+from .kernels.gemv import chosen_experts, gemv_ok, moe_gemv, mul_sum_linear, norm_qkv, row_gemv, stored_linear
 from .usage import UsageError
 
 _log = logging.getLogger('apex3.generate')

@@ -88,7 +88,7 @@ def bench_moe_layer(cfg='C', B=6, S=8192, repeats=10, compile=False):
 
 # %% ../nbs/12_model_bench.ipynb #d3c0dim1
 import time
-from .gemv import chosen_experts
+from .kernels.gemv import chosen_experts
 from .generate import (Generator, Sampling, Stopper, build_model, decode_bytes, grouped_experts, hbm_bytes_per_s,
                             next_doc, quantize_int8, recompute_decode, sample_next)
 from .model import generate, route, swiglu

@@ -6,16 +6,15 @@
 __all__ = ['NS_COEFFS', 'NS_STEPS', 'NS_EPS', 'ADAMW_NAMES', 'DECAYS', 'newton_schulz', 'muon_scale', 'shape_buckets',
            'fused_here', 'fused_or_torch', 'momentum_update_', 'apply_update_', 'muon_update_chunk',
            'muon_step_offloaded', 'Muon', 'muon_group_kwargs', 'matrix_views', 'param_group_of', 'param_groups',
-           'param_group_table', 'model_meta', 'MuonAdamW', 'build_optimizer', 'WSD', 'stdlib_bytes', 'batches',
-           'train_losses', 'hidden_matrices', 'bench_muon_C', 'compare_losses_gpu']
+           'param_group_table', 'model_meta', 'MuonAdamW', 'muon_groups', 'build_optimizer', 'WSD', 'make_schedule']
 
 # %% ../nbs/30_optim.ipynb #ae8fb60c
-import functools, logging, math, time
+import functools, logging, math
 from collections import defaultdict
-from pathlib import Path
 import torch
 from torch import nn
-from .kernels import triton_interpreting
+from .usage import UsageError
+from .kernels.ce import triton_interpreting
 try: import triton, triton.language as tl
 except ImportError: triton = tl = None   # the update's elementwise steps run in PyTorch
 
@@ -300,7 +299,7 @@ class MuonAdamW:
         for g in self.param_groups: g['lr'] = g['base_lr'] * f
 
 # %% ../nbs/30_optim.ipynb #c5f2af6b
-def _muon_groups(named, split_gate_up):
+def muon_groups(named, split_gate_up):
     "Muon param groups: fused gate/up matrices (orthogonalised per half when split) apart from the rest."
     is_fused = lambda n: split_gate_up and n.endswith(('w_gate_up', 'w_gate_up.weight'))  # experts; the shared linear
     fused = [p for n, p in named if is_fused(n)]
@@ -314,7 +313,7 @@ def build_optimizer(model, lr=3e-4, muon_lr=None, weight_decay=0.1, adjust_lr_fn
     if muon_lr is None: muon_lr = lr if adjust_lr_fn == 'match_rms_adamw' else 0.02
     g = param_groups(model)
     ps = lambda k: [p for _, p in g[k]]
-    muon = Muon(_muon_groups(g['muon'], split_gate_up), lr=muon_lr, weight_decay=weight_decay, momentum=momentum,
+    muon = Muon(muon_groups(g['muon'], split_gate_up), lr=muon_lr, weight_decay=weight_decay, momentum=momentum,
                 adjust_lr_fn=adjust_lr_fn, momentum_dtype=momentum_dtype) if use_muon and g['muon'] else None
     groups = [dict(params=ps('adamw') + ([] if muon else ps('muon')), weight_decay=weight_decay, name='adamw'),
               dict(params=ps('adamw_no_decay'), weight_decay=0.0, name='adamw_no_decay')]
@@ -346,108 +345,8 @@ class WSD:
 
     def done(self, tokens): return tokens >= self.stop
 
-# %% ../nbs/30_optim.ipynb #d419f893
-def stdlib_bytes(n_bytes, seed=0):
-    "A fixed byte stream (int64 tensor) from the Python standard library's source: offline LM data."
-    import sysconfig, random
-    files = sorted(Path(sysconfig.get_paths()['stdlib']).glob('*.py'))
-    random.Random(seed).shuffle(files)
-    buf = bytearray()
-    for f in files:
-        buf += f.read_bytes()
-        if len(buf) >= n_bytes: break
-    return torch.frombuffer(bytearray(buf[:n_bytes]), dtype=torch.uint8).long()
-
-def batches(data, batch, seq, steps, seed=0):
-    "Deterministic random windows of `data`: (inputs, targets) per step."
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        i = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
-        w = torch.stack([data[j:j + seq + 1] for j in i.tolist()])
-        yield w[:, :-1], w[:, 1:]
-
-# %% ../nbs/30_optim.ipynb #b90a51be
-def train_losses(config, data, *, use_muon, steps=100, batch=8, seq=64, lr=3e-3, seed=0, device='cpu',
-                 warmup_frac=0.1, decay_frac=0.2, amp=False):
-    "Train a fresh model of `config` for `steps` under WSD; return the per-step training losses."
-    from apex3.config import get_config
-    from apex3.model import Transformer
-    torch.manual_seed(seed)
-    with torch.device(device): model = Transformer(get_config(config))  # initialise where it trains
-    opt = build_optimizer(model, lr=lr, use_muon=use_muon)
-    tok = batch * seq
-    sched = WSD(steps * tok, warmup_frac * steps * tok, decay_frac=decay_frac, decay='1-sqrt')
-    losses = []
-    for i, (x, y) in enumerate(batches(data, batch, seq, steps, seed)):
-        x, y = x.to(device), y.to(device)
-        opt.set_lr_factor(sched((i + 1) * tok))
-        with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=amp):  # forward only
-            loss = model(x, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        model.update_router_biases()  # load balancing after each optimizer step
-        losses.append(loss.item())
-    return losses
-
-# %% ../nbs/30_optim.ipynb #e5488877
-def hidden_matrices(n_layers=1, device='cuda', dtype=torch.float32):
-    "Config C's Muon parameters (name, tensor) for `n_layers` layers, allocated for real, with random gradients."
-    out = []
-    for n, p in param_groups(model_meta('C', n_layers=n_layers))['muon']:
-        t = nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype).normal_(0, 0.02))
-        t.grad = torch.randn_like(t)
-        out.append((n, t))
-    return out
-
-def _bench_pair(named, split, warmup, repeats, device='cuda', **kw):
-    "Median step seconds of our Muon and of torch.optim.Muon over per-matrix views, on the same tensors."
-    from apex3.records import time_fn
-    ours = Muon(_muon_groups(named, split), lr=0.02, **kw)
-    views = [v for n, p in named for v in matrix_views(p, 2 if split and n.endswith('w_gate_up') else 1)]
-    ref = torch.optim.Muon(views, lr=0.02, **kw)
-    t = lambda f: time_fn(f, warmup, repeats, device=device)['seconds']
-    return t(ours.step), t(ref.step), len(views)
-
-# %% ../nbs/30_optim.ipynb #98637fdb
-def bench_muon_C(n_layers=(1, 2, 4), splits=(True, False), warmup=3, repeats=10, record=True, **muon_kw):
-    "Time our Muon vs torch.optim.Muon (experts as views) on C's hidden matrices; append a record."
-    from apex3.records import append_records
-    rows = []
-    for L in n_layers:
-        named = hidden_matrices(L)
-        for split in splits:
-            t_ours, t_ref, nmat = _bench_pair(named, split, warmup, repeats, **muon_kw)
-            rows.append(dict(n_layers=L, split_gate_up=split, tensors=len(named), matrices=nmat, ours_s=t_ours,
-                             torch_s=t_ref, speedup=t_ref / t_ours, peak_gib=torch.cuda.max_memory_allocated() / 2**30))
-            print({k: round(v, 4) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
-        del named
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    summary = {}
-    for split in splits:  # best per-layer time over the layer counts, x30 for the full model
-        o, r = (min(x[k] / x['n_layers'] for x in rows if x['split_gate_up'] == split) for k in ('ours_s', 'torch_s'))
-        summary['split' if split else 'joint'] = dict(per_layer_ours_s=o, per_layer_torch_s=r, layers30_ours_s=30 * o,
-                                                      layers30_torch_s=30 * r, speedup=r / o)
-    rec = dict(kind='muon_step_C', rows=rows, summary=summary, settings=dict(lr=0.02, **muon_kw),
-               warmup=warmup, repeats=repeats)
-    if record: append_records([rec], 'optim.jsonl')  # adds provenance: commit, versions, device, date
-    return rec
-
-# %% ../nbs/30_optim.ipynb #613ba041
-def compare_losses_gpu(config='small', lrs=(1e-3, 3e-3), steps=300, batch=32, seq=256, record=True):
-    "Muon+AdamW vs AdamW on `config`, same bytes/seed/schedule, per peak lr; append a record."
-    from apex3.records import append_records
-    data, runs = stdlib_bytes(20_000_000), []
-    for lr in lrs:
-        for name, um in (('Muon+AdamW', True), ('AdamW', False)):
-            t0 = time.perf_counter()
-            ls = train_losses(config, data, use_muon=um, steps=steps, batch=batch, seq=seq, lr=lr,
-                              device='cuda', amp=True)
-            runs.append(dict(optimizer=name, lr=lr, final20=sum(ls[-20:]) / 20,
-                             seconds=time.perf_counter() - t0, losses=ls))
-            print(f"{name:<11} lr {lr:g}: final {runs[-1]['final20']:.4f} ({runs[-1]['seconds']:.0f} s)", flush=True)
-    rec = dict(kind='loss_muon_vs_adamw', config=config, steps=steps, batch=batch, seq=seq, runs=runs,
-               data='stdlib bytes', amp='bf16')
-    if record: append_records([rec], 'optim.jsonl')
-    return rec
+def make_schedule(sc) -> WSD:
+    "The WSD schedule of `ScheduleSettings` (warmup: 1% of the length unless told); a `UsageError` if it cannot be."
+    warm = sc.warmup_tokens if sc.warmup_tokens is not None else 0.01 * sc.total_tokens
+    try: return WSD(sc.total_tokens, warm, sc.decay_frac, sc.decay, stop_at_tokens=sc.stop_at_tokens)
+    except ValueError as e: raise UsageError(str(e)) from None

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['SPEED_ENV', 'pkg_version', 'git', 'code_changed', 'provenance', 'project_root', 'records_path', 'append_records',
-           'load_records', 'latest_run', 'time_fn', 'attempt', 'device_gpu', 'device_peak_tflops']
+           'load_records', 'latest_run', 'time_fn', 'attempt']
 
 # %% ../nbs/03_records.ipynb #c37ebbf4
 import datetime, json, os, platform, statistics, subprocess, time
@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 # %% ../nbs/03_records.ipynb #72d14610
-GiB = 2**30   # bytes; importable by name (`from apex3.records import GiB`), out of `import *`
+from apex3.usage import GiB   # bytes; importable by name (`from apex3.records import GiB`), out of `import *`
+from apex3.run import device_gpu, device_peak_tflops   # the GPU's peak (chapter `24_run`), for the records' MFU
 
 # %% ../nbs/03_records.ipynb #cc6e6711
 def pkg_version(name):
@@ -107,19 +108,3 @@ def attempt(fn, strict) -> dict:
     except Exception as e:
         if strict: raise
         return {'status': f'error: {type(e).__name__}: {str(e)[:300]}'}
-
-# %% ../nbs/03_records.ipynb #dd874c95
-def device_gpu(name=None):
-    """The planner's `GPU` for the named CUDA device, or for the current one (by its name and total memory); None if
-    the planner's table does not know it."""
-    from apex3.plan import gpu_for_device
-    memory_gib = None
-    if name is None and torch.cuda.is_available():
-        dev = torch.cuda.current_device()   # the name and the memory of one device
-        name, memory_gib = torch.cuda.get_device_name(dev), torch.cuda.get_device_properties(dev).total_memory / GiB
-    return gpu_for_device(name or '', memory_gib)
-
-def device_peak_tflops(name=None, precision='bf16'):
-    "Dense peak TFLOP/s of the named (default: current) GPU from the planner's table; None if unknown."
-    g = device_gpu(name)
-    return g.peak(precision) / 1e12 if g else None

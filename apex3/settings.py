@@ -10,8 +10,8 @@ __all__ = ['MAX_LR', 'MAX_GIB', 'MAX_MINUTES', 'MAX_SECONDS', 'MAX_TOKENS', 'TOK
            'BenchSettings', 'add_settings_flags', 'add_run_flags', 'train_parser', 'bench_parser',
            'settings_from_flags', 'settings_from_args', 'trainer_settings', 'run_flags', 'changed_flags', 'with_flags',
            'check_ranges', 'check_not_empty', 'check_run_settings', 'check_diloco_settings', 'check_train_settings',
-           'check_device', 'check_job', 'worker_flags', 'check_bench_settings', 'run_config', 'run_settings',
-           'check_train_argv', 'bench_settings', 'check_bench_argv']
+           'check_device', 'check_job', 'checked_train_config', 'worker_flags', 'check_bench_settings', 'run_config',
+           'run_settings', 'check_train_argv', 'bench_settings', 'check_bench_argv']
 
 # %% ../nbs/23_settings.ipynb #f1565210
 import argparse, dataclasses, typing
@@ -236,6 +236,12 @@ class DilocoSettings:
     listen: str | None = setting_field(None, 'serve --diloco-dir read-only over HTTP here', metavar='HOST:PORT')
     timeout: float = setting_field(600.0, 'seconds a round waits for peers', metavar='S', low=0, low_open=True,
                                    high=MAX_SECONDS)
+
+    def data_slice(self, rank: int, world: int) -> tuple:
+        """(rank, world) of the data the process at `rank` of `world` reads: its DiLoCo worker's slice (and its rank's
+        inside that)."""
+        if not self.workers: return rank, world
+        return self.rank * world + rank, self.workers * world
 
     def key_bytes(self) -> bytes:
         "The key's bytes (`@FILE`: the file's contents, stripped); at least 16 of them."
@@ -464,6 +470,14 @@ def check_job(s: TrainSettings, d):
         raise UsageError(f'--diloco-transport dist: run under torchrun, {w.workers} workers of equal ranks')
     if w.transport == 'files' and d.world > 1:
         raise UsageError('--diloco-transport files: one process per worker, not a multi-rank torchrun')
+
+def checked_train_config(s: TrainSettings, d):
+    """Every usage check of the trainer's settings, once, before anything is built (the flags, the device, the job `d`
+    joined); the model config the run will have."""
+    check_train_settings(s)
+    check_device(s.run.device)
+    check_job(s, d)
+    return run_config(run_settings(s))
 
 def worker_flags(s: TrainSettings, worker: int) -> dict:
     """The flags a DiLoCo worker of a torchrun job (`--diloco-transport dist`) changes: `--diloco-rank` is its index,

@@ -115,7 +115,7 @@ EXAMPLES = {('plan',): ['70B'], ('data',): ['run', MISSING]}
 
 @pytest.fixture(scope='module', autouse=True)
 def train_data(tmp_path_factory):
-    from apex3.train import byte_shards
+    from apex3.train_io import byte_shards
     shards = byte_shards(tmp_path_factory.mktemp('bytes'), 20_000, n_shards=1)
     EXAMPLES[('train',)] = ['--config', 'tiny', '--set', 'vocab_size=257', '--eos-id', '256',
                             '--data', f'bytes=1:{shards}/shard-*.bin', '--total-tokens', '4096']
@@ -262,7 +262,7 @@ def test_real_processes(tmp_path):
 
 if __name__ == '__main__':   # every failing (command, flag, class), for a report: python tests/test_cli_fuzz.py [CMD]
     import tempfile
-    from apex3.train import byte_shards
+    from apex3.train_io import byte_shards
     os.chdir(tempfile.mkdtemp())
     shards = byte_shards(Path('bytes'), 20_000, n_shards=1)
     EXAMPLES[('train',)] = ['--config', 'tiny', '--set', 'vocab_size=257', '--eos-id', '256',

@@ -4,7 +4,7 @@ import json, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
 from safetensors.torch import load_file
-from apex3.diloco import simulate
+from apex3.diloco.toy import simulate
 from apex3.usage import free_port
 
 ROOT = Path(__file__).parents[1]
@@ -18,7 +18,7 @@ def files_workers(tmp, n, rounds=3, every=4, how="fp32", http=False, timeout=100
     others = lambda r: [peer(k) for k in range(n) if k != r]
     argv = lambda r: [str(tmp / f'out{r}.safetensors'), str(tmp / f'w{r}'), str(r), str(n), str(rounds), str(every),
                       how, str(timeout), f'127.0.0.1:{ports[r]}' if http else '-', *others(r)]
-    ps = [subprocess.Popen([sys.executable, '-m', 'apex3.diloco_files', *argv(r)], cwd=ROOT, env=ENV,
+    ps = [subprocess.Popen([sys.executable, '-m', 'apex3.diloco.files', *argv(r)], cwd=ROOT, env=ENV,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(n)]
     try: errs = [p.communicate(timeout=120)[1] for p in ps]
     finally:
@@ -35,7 +35,7 @@ def test_files_workers_equal_the_simulation_bit_for_bit(tmp_path, n, http, how):
     assert not any(KEY in e for e in errs)
 
 # ---- the trainer: two `apex3 train` workers through files ----
-from apex3.train import byte_shards, read_log
+from apex3.train_io import byte_shards, read_log
 from apex3.ckpt import sha256_file
 
 TINY = ['--config', 'tiny', '--seq-len', '32', '--micro-bs', '2', '--lr', '3e-3', '--device', 'cpu',

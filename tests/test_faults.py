@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from apex3.ckpt import ckpt_name, latest_checkpoint, list_checkpoints, load_checkpoint, TMP
-from apex3.train import byte_shards, read_log
+from apex3.train_io import byte_shards, read_log
 from test_train import ROOT, TINY, data, finish, trainer   # the trainer as a user runs it, and its byte shards
 
 STEP = 64                    # tokens a step of TINY (2 rows of 32)

@@ -3,7 +3,7 @@ import copy, os, statistics, subprocess, sys, textwrap
 import pytest, torch
 from apex3.config import get_config
 from apex3.model import Transformer
-from apex3.fp8_experts import FP8Experts, convert_experts
+from apex3.kernels.fp8_experts import FP8Experts, convert_experts
 
 # `small`'s shape (12 -> 2 layers, top-4 of 32 -> 8 experts, ...), shrunk until 2 x 50 steps take seconds on a CPU
 REDUCED_SMALL = ['d_model=64', 'n_layers=2', 'n_heads=4', 'n_kv_heads=2', 'head_dim=16', 'n_experts=8',
@@ -57,7 +57,7 @@ def test_emulation_warns_once():
     code = textwrap.dedent('''
         import torch
         from apex3.model import Experts
-        from apex3.fp8_experts import convert_experts
+        from apex3.kernels.fp8_experts import convert_experts
         ex = Experts(2, 16, 16)
         torch.nn.init.normal_(ex.w_gate_up); torch.nn.init.normal_(ex.w_down)
         convert_experts(ex)
@@ -78,7 +78,7 @@ def test_offload_step_recasts_the_weights():
     from apex3.bench import optimizer_step
     from apex3.offload.host_optim import OffloadOptimizer
     from apex3.offload.memory import PinnedPool
-    from apex3.fp8_experts import quantized_weights, weights_stepped
+    from apex3.kernels.fp8_experts import quantized_weights, weights_stepped
     torch.manual_seed(0)
     model = Transformer(get_config('tiny'))
     convert_experts(model)

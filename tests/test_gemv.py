@@ -4,7 +4,7 @@ import torch
 import apex3.generate as generate
 from apex3.config import get_config
 from apex3.generate import Generator, RowLinear, moe_infer, row_linears
-from apex3.kernels import triton_interpret
+from apex3.kernels.ce import triton_interpret
 from apex3.model import Transformer
 
 

@@ -1,4 +1,4 @@
-"Fresh-process checks of apex3.kernels that a notebook cannot make: what a user sees on stderr, with and without Triton/torchao."
+"Fresh-process checks of apex3.kernels.ce that a notebook cannot make: what a user sees on stderr, with and without Triton/torchao."
 import os, subprocess, sys, textwrap
 import pytest
 
@@ -13,7 +13,7 @@ sys.meta_path.insert(0, Block())
 
 CASE = '''
 import torch, torch.nn as nn
-from apex3.kernels import fused_linear_cross_entropy, ce_reference, apply_fp8
+from apex3.kernels.ce import fused_linear_cross_entropy, ce_reference, apply_fp8
 torch.manual_seed(0)
 h, w = torch.randn(20, 16, requires_grad=True), torch.randn(50, 16, requires_grad=True)
 t = torch.randint(0, 50, (20,))
@@ -59,6 +59,6 @@ def test_cpu_without_interpreter_falls_back():
 def test_interpreter_switched_on_after_triton_was_imported():
     "Triton imported first (as torch.compile or torchao do), the interpreter turned on later: the kernel still runs."
     pytest.importorskip('triton')
-    err = _run('import triton, triton.language\nfrom apex3.kernels import triton_interpret\nwith triton_interpret():\n'
+    err = _run('import triton, triton.language\nfrom apex3.kernels.ce import triton_interpret\nwith triton_interpret():\n'
                + textwrap.indent(CASE, '    '), TRITON_INTERPRET='0')
     assert not any('unavailable' in l for l in err), err

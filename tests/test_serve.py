@@ -18,7 +18,8 @@ def demo(tmp_path_factory):
     """The tool-use demo's model, taught two of its conversations (40 steps, a few seconds), saved as a checkpoint with
     its tokenizer: (model, tokenizer, problems, checkpoint folder, tokenizer file)."""
     from apex3.ckpt import save_checkpoint
-    from apex3.train import byte_shards, train_parser
+    from apex3.train_io import byte_shards
+    from apex3.train import train_parser
     train = problems(2, 0)
     texts = [render_chat(*conversation(p, True)) for p in train]
     tok = demo_tokenizer(texts, 400)

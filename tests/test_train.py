@@ -3,7 +3,7 @@ import json, math, os, signal, subprocess, sys, time
 from functools import partial
 from pathlib import Path
 import pytest, torch
-from apex3.train import byte_shards, read_log
+from apex3.train_io import byte_shards, read_log
 from apex3.usage import free_port
 
 ROOT = Path(__file__).parents[1]
@@ -97,7 +97,7 @@ def _reference_losses(specs, steps, seq, mb, lr, total, world=2, accum=1):
     from apex3.config import get_config
     from apex3.model import Transformer
     from apex3.optim import build_optimizer, WSD
-    from apex3.kernels import fused_linear_cross_entropy
+    from apex3.kernels.ce import fused_linear_cross_entropy
     from apex3.data.loader import MixtureLoader
     torch.manual_seed(0)
     model = Transformer(get_config('tiny', [f'seq_len={seq}']))

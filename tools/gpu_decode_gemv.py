@@ -11,7 +11,8 @@ import sys
 import torch
 sys.path.insert(0, 'tools')
 from gpu_decode_profile import time_step
-import apex3.gemv as gemv
+import apex3.kernels.gemv as gemv
+import apex3.kernels.gemv_bench as gemv_bench
 from apex3.config import get_config
 from apex3.generate import CachedAttention, Generator, RowLinear, build_model, decode_bytes, hbm_bytes_per_s
 from apex3.records import append_records
@@ -59,10 +60,10 @@ def reference_logits(model, cfg, B):
 
 def agreement(logits, ref):
     same = (logits.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    return dict(rel_err=gemv._rel_err(logits, ref), same_argmax=same)
+    return dict(rel_err=gemv_bench._rel_err(logits, ref), same_argmax=same)
 
 def main(out, *args):
-    if 'bench' in args: gemv.bench_gemv(path=out)
+    if 'bench' in args: gemv_bench.bench_gemv(path=out)
     runs = [a.split(':') for a in args if a != 'bench']
     if not runs: return
     cfg = get_config('C')

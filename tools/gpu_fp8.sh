@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # FP8 routed experts on the GPU machine: the `#| gpu` cells of nbs/16_fp8_experts.ipynb (the Triton cast and
-# `torch._scaled_grouped_mm` against their emulation, then the benchmark against bf16 `_grouped_mm` at C's shapes).
+# `torch._scaled_grouped_mm` against their emulation) and nbs/18_fp8_experts_bench.ipynb (the benchmark against
+# bf16 `_grouped_mm` at C's shapes).
 # Its records come back in $OUT/notebook-records/fp8_experts.jsonl; a summary line per variant is printed.
 #   usage (on the GPU host, repo root): APEX3_GIT_COMMIT=<git rev-parse HEAD> bash tools/gpu_fp8.sh
 set -uo pipefail
-bash tools/gpu_notebooks.sh nbs/16_fp8_experts.ipynb
+bash tools/gpu_notebooks.sh nbs/16_fp8_experts.ipynb nbs/18_fp8_experts_bench.ipynb
 status=$?
 recs=${OUT:-/tmp/out}/notebook-records/fp8_experts.jsonl
 if [ -f "$recs" ]; then

@@ -5,7 +5,8 @@ as in a decode step's graph). A decode step of C at batch 1 reads its weights in
 usage (GPU host, repo root, after `source tools/gpu_env.sh`): python3 tools/gpu_gemv_sweep.py OUT.jsonl"""
 import sys
 import torch, torch.nn.functional as F
-from apex3.gemv import graph_seconds, mul_sum_linear
+from apex3.kernels.gemv import mul_sum_linear
+from apex3.kernels.gemv_bench import graph_seconds
 from apex3.records import append_records
 
 def main(path, d=2560):

@@ -4,7 +4,8 @@ CUDA graph (a launch's time is its kernel's, as in a decode step's graph). Recor
 usage (GPU host, repo root, after `source tools/gpu_env.sh`): python3 tools/gpu_slots_sweep.py OUT.jsonl"""
 import itertools, sys
 import torch
-import apex3.gemv as gemv
+import apex3.kernels.gemv as gemv
+import apex3.kernels.gemv_bench as gemv_bench
 from apex3.config import get_config
 from apex3.model import route
 from apex3.records import append_records
@@ -13,7 +14,7 @@ ROWS, COLS, WARPS, STAGES = (4, 8, 16, 32), (128, 256, 512, 1024), (4, 8), (2, 3
 
 def launches(cfg, N):
     "The up and down launches of one MoE layer at `N` tokens, and the weight bytes each reads."
-    router, bias, ex, s1, s2 = gemv._moe_layer(cfg, 'cuda')
+    router, bias, ex, s1, s2 = gemv_bench._moe_layer(cfg, 'cuda')
     x = torch.randn(N, cfg.d_model, device='cuda', dtype=torch.bfloat16)
     scores, idx, _ = route(x, router, bias, cfg.top_k)                # fp32 scores, as the kernel takes them
     chosen = idx.unique().numel()                                     # distinct experts the tokens choose
@@ -32,7 +33,7 @@ def main(path, tokens=(1, 8)):
             rows = []
             for tile in itertools.product(ROWS, COLS, WARPS, STAGES):
                 if tile[0] * tile[1] > 8192: continue   # two fp32 accumulators of that many a program: spills
-                with gemv.tiles(**{use: tile}): s = gemv.graph_seconds(fn)
+                with gemv.tiles(**{use: tile}): s = gemv_bench.graph_seconds(fn)
                 rows.append(dict(kind='slots_tile', config='C', tokens=N, use=use, tile=tile, seconds=s,
                                  weight_bytes=nbytes, bytes_per_s=nbytes / s, blocks_now=gemv.BLOCKS[use]))
             rows.sort(key=lambda r: r['seconds'])

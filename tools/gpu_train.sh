@@ -15,7 +15,7 @@ RUN="--config $CONFIG --set vocab_size=$VOCAB eos_id=$EOS --seq-len $SEQ --micro
 if [ "$MODE" = one ]; then
   RUN="$RUN --compile-blocks --offload --offload-accum cpu --act-budget 0.15 --gemm-offload hooks --act-offload 24 --precision fp8_rowwise --fp8-recipe tensorwise"
 else RUN="$RUN --fsdp"; fi
-DATA=$(python3 -c "from apex3.train import demo_specs; t, v = demo_specs('gpu-data'); print('--data', *t, '--val-data', *v)")
+DATA=$(python3 -c "from apex3.train_io import demo_specs; t, v = demo_specs('gpu-data'); print('--data', *t, '--val-data', *v)")
 TOKENS=$(( STEPS * 4 * 2 * SEQ * NPROC ))
 python3 -c "from apex3.train import arith_probe_file; arith_probe_file('$CK-probe.jsonl', 16)"
 TRAIN="$RUN $DATA --total-tokens $TOKENS --ckpt-dir $CK --step-log $OUT/logs/train-$MODE.jsonl --ckpt-every $(( TOKENS / 3 )) --val-every 50 --progress off
@@ -40,7 +40,7 @@ python3 - "$OUT" "$MODE" "$CONFIG" "$NPROC" <<'PY'
 import json, sys
 from pathlib import Path
 from apex3.records import append_records
-from apex3.train import read_log
+from apex3.train_io import read_log
 out, mode, config, nproc = sys.argv[1:]
 name = f'{config}-{"offload-fp8" if mode == "one" else "fsdp"}-{nproc}gpu-corpus'
 log = Path(f'{out}/logs/train-{mode}.jsonl')
@@ -69,6 +69,6 @@ if resume and resume[0]['redone']:
 print(f'{name}: {len(steps)} steps ({len(lines) - len(steps)} redone after the restart), loss {steps[0]["loss"]:.3f} -> {steps[-1]["loss"]:.3f}')
 print({k: v for k, v in steps[-1].items() if k.startswith(('val_', 'arith_acc', 'z_loss', 'step_s', 'mfu', 'tokens_per'))})
 if bench:
-    from apex3.train import train_vs_bench
+    from apex3.train_evidence import train_vs_bench
     print('train vs bench:', train_vs_bench(steps, bench[-1]))
 PY

@@ -12,7 +12,7 @@ import ctypes, functools, logging, os, sys, threading, weakref
 from collections import defaultdict
 import torch, torch.nn as nn
 from ..usage import UsageError
-from ..kernels import triton_interpreting
+from ..kernels.ce import triton_interpreting
 from ..optim import fused_or_torch
 from .constants import GiB, GPU_HEADROOM_GIB, ACT_PREFETCH_GIB
 try: import triton, triton.language as tl

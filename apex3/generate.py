@@ -455,7 +455,7 @@ HBM_BYTES_PER_S = 4.8e12          # H200 HBM3e, NVIDIA's datasheet: the bound of
 def hbm_bytes_per_s(name=None) -> float:
     """HBM bytes a second of the named (default: current) CUDA device, from the planner's GPU table; for a device it
     does not know, `HBM_BYTES_PER_S`, with a one-line warning."""
-    from apex3.records import device_gpu
+    from apex3.run import device_gpu
     g = device_gpu(name)
     if g is None:
         _log.warning(f"HBM bound: {name or 'this device'} is not in the planner's GPU table (`apex3 gpus`); "

@@ -8,7 +8,7 @@ import io, json
 from pathlib import Path
 import numpy as np, xxhash
 from .core import Document, Step, Stage, MapStage, TaskContext, list_shards, read_docs, atomic_write_bytes
-from .decontaminate import text_word_hashes, ngram_hashes, _mix64, _P
+from .decontaminate import text_word_hashes, ngram_hashes, mix64, FNV_PRIME
 
 # %% auto #0
 __all__ = ['BINS', 'CONFIGS', 'MinHasher', 'exact_hash', 'Signatures', 'equal_runs', 'candidate_pairs', 'jaccard', 'Clusters',
@@ -47,8 +47,8 @@ class MinHasher:
         m = np.asarray(minhashes, np.uint64).reshape(-1, self.bands, self.rows)
         h = np.zeros(m.shape[:2], np.uint64)
         with np.errstate(over='ignore'):
-            for j in range(self.rows): h = h * _P + m[:, :, j]
-            return _mix64(h)
+            for j in range(self.rows): h = h * FNV_PRIME + m[:, :, j]
+            return mix64(h)
 
 def exact_hash(w) -> int:
     "A hash of the normalised text: its word hashes `w` in order."

@@ -23,10 +23,10 @@ from .download import DownloadStage, run_downloads
 
 # %% auto #0
 __all__ = ['STEPS', 'KINDS', 'SCHEMA', 'SOURCE_KEYS', 'TOKENIZE_DEFAULTS', 'LONG_DEFAULTS', 'STAGE_HEADER', 'DEDUP_WORK_PER_BYTE',
-           'PACKED', 'ESTIMATE_MARGIN', 'make_step', 'installed', 'config_errors', 'load_config', 'source_stages',
-           'section', 'tokenizes', 'pipeline_stages', 'stage_row', 'run_pipeline', 'bytes_per_token', 'zstd_ratio',
-           'source_text', 'run_estimate', 'tree_bytes', 'check_space', 'fs_error_line', 'check_writable', 'data_main',
-           'final_docs', 'all_rejects', 'output_files']
+           'PACKED', 'ESTIMATE_MARGIN', 'make_step', 'installed', 'config_errors', 'load_config', 'source_of',
+           'source_stages', 'section', 'tokenizes', 'pipeline_stages', 'stage_row', 'run_pipeline', 'bytes_per_token',
+           'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes', 'check_space', 'fs_error_line', 'check_writable',
+           'data_main', 'final_docs', 'all_rejects', 'output_files']
 
 # %% ../../nbs/5b_pipeline.ipynb #0c26d649
 def _decontaminate(policy='drop', n=13, humaneval=True, extra_jsonl=(), field='prompt'):
@@ -197,12 +197,18 @@ def load_config(path) -> dict:
         cfg['tokenize']['tokenizer_json'] = str(base/os.path.expanduser(cfg['tokenize']['tokenizer_json']))
     return cfg
 
+def source_of(s) -> Source:
+    "The `Source` of a [[source]] table, made once per run so the space check and ingest share one walk of its files."
+    if s.get('urls'): return Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS})  # its files come mid-run
+    if '_source' not in s: s['_source'] = Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS})
+    return s['_source']
+
 def source_stages(s, out, params):
     "The stages of one source, built one at a time: ingest, fused step chains, dedup's three stages."
     work = Path(out)/'work'/s['name']
     if s.get('urls'):
         yield DownloadStage(s['name'], s['urls'], s['download_to'], s.get('sha256', ()), s.get('manifest'))
-    stage = IngestStage(Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS}), work/'00_ingest')
+    stage = IngestStage(source_of(s), work/'00_ingest')
     yield stage
     prev, chain, k = stage.out, [], 1
     def flush(chain, prev, k):
@@ -277,6 +283,7 @@ def run_pipeline(cfg, executor=None, log=print) -> list:
             log(stage_row(st, r, time.perf_counter() - t0, cfg['pipeline']['out']))
     finally:
         if executor is None: ex.close()  # the pool we started (one for all stages)
+        for s in cfg['source']: s.pop('_source', None)  # a later run walks the inputs as they are then
     atomic_write_bytes(Path(cfg['pipeline']['out'], 'markers.json'), json.dumps(recs).encode())
     return recs
 
@@ -298,7 +305,7 @@ def zstd_ratio(path, n=1 << 16):
 
 def source_text(s, files_sampled=32) -> tuple:
     "(bytes of text, zstd ratio) of a source's inputs: their sizes (packed ones scaled), the ratio of a sample."
-    files = [f for _, fs, _ in Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS}).units() for f in fs]
+    files = [f for _, fs, _ in source_of(s).units() for f in fs]
     size = {f: os.path.getsize(f) * PACKED.get(Path(f).suffix, 1.0) for f in files}
     step = max(1, len(files) // files_sampled)
     sampled = files[::step][:files_sampled] if s['kind'] != 'parquet' else []

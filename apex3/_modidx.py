@@ -666,6 +666,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'apex3.data.scrub.rule': ('scrub.html#rule', 'apex3/data/scrub.py'),
                                   'apex3.data.scrub.scrub': ('scrub.html#scrub', 'apex3/data/scrub.py'),
                                   'apex3.data.scrub.secret_patterns': ('scrub.html#secret_patterns', 'apex3/data/scrub.py'),
+                                  'apex3.data.scrub.secret_steps': ('scrub.html#secret_steps', 'apex3/data/scrub.py'),
                                   'apex3.data.scrub.shannon_bits': ('scrub.html#shannon_bits', 'apex3/data/scrub.py'),
                                   'apex3.data.scrub.tokenish': ('scrub.html#tokenish', 'apex3/data/scrub.py'),
                                   'apex3.data.scrub.uncovered_plugins': ('scrub.html#uncovered_plugins', 'apex3/data/scrub.py'),

@@ -351,6 +351,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'apex3.data.clean.dup_ngram_chars': ('clean.html#dup_ngram_chars', 'apex3/data/clean.py'),
                                   'apex3.data.clean.letter_words': ('clean.html#letter_words', 'apex3/data/clean.py'),
                                   'apex3.data.clean.top_ngram_chars': ('clean.html#top_ngram_chars', 'apex3/data/clean.py'),
+                                  'apex3.data.clean.top_ngram_count': ('clean.html#top_ngram_count', 'apex3/data/clean.py'),
+                                  'apex3.data.clean.widest_ngram': ('clean.html#widest_ngram', 'apex3/data/clean.py'),
                                   'apex3.data.clean.words_of': ('clean.html#words_of', 'apex3/data/clean.py')},
             'apex3.data.core': { 'apex3.data.core.Document': ('data.html#document', 'apex3/data/core.py'),
                                  'apex3.data.core.Document.from_json': ('data.html#document.from_json', 'apex3/data/core.py'),

@@ -10,8 +10,8 @@ import numpy as np
 from .core import Document, Step
 
 # %% auto #0
-__all__ = ['WORD_RE', 'FNV_PRIME', 'words_lower', 'mix64', 'ngram_hashes', 'span_hashes', 'text_word_hashes', 'split_hashes',
-           'Benchmark', 'humaneval_prompts', 'jsonl_prompts', 'Decontaminate']
+__all__ = ['WORD_RE', 'FNV_PRIME', 'words_lower', 'mix64', 'ngram_hashes', 'span_hashes', 'word_spans', 'text_word_hashes',
+           'split_hashes', 'Benchmark', 'humaneval_prompts', 'jsonl_prompts', 'Decontaminate']
 
 # %% ../../nbs/53_decontaminate.ipynb #fa7b5987
 WORD_RE = re.compile(r'\w+')
@@ -71,11 +71,14 @@ def span_hashes(a, m) -> tuple:
         h = (S[e] - S[s]) * _pow_table(_B_INV, len(a) + 1)[s]
         return mix64(h + (e - s).astype(np.uint64)), s, e
 
+def word_spans(low) -> tuple:
+    "(hash, start, end) of each word of a lower-cased text; a word's hash does not depend on where it stands."
+    a = _code_points(low)
+    return span_hashes(a, _mask(a, low, _WORD_ASCII, str.isalnum))
+
 def text_word_hashes(text) -> np.ndarray:
     "A 64-bit hash of each word of `words_lower(text)`, computed with array operations over the text."
-    low = text.lower()
-    a = _code_points(low)
-    return span_hashes(a, _mask(a, low, _WORD_ASCII, str.isalnum))[0]
+    return word_spans(text.lower())[0]
 
 def split_hashes(text) -> tuple:
     "(hashes, lengths) of the tokens of `text.split()`, with the same hash."

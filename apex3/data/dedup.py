@@ -8,11 +8,12 @@ import io, json
 from pathlib import Path
 import numpy as np, xxhash
 from .core import Document, Step, Stage, MapStage, TaskContext, list_shards, read_docs, atomic_write_bytes
-from .decontaminate import text_word_hashes, ngram_hashes, mix64, FNV_PRIME
+from .decontaminate import text_word_hashes, ngram_hashes, mix64, FNV_PRIME, word_spans
 
 # %% auto #0
-__all__ = ['BINS', 'CONFIGS', 'MinHasher', 'exact_hash', 'Signatures', 'equal_runs', 'candidate_pairs', 'jaccard', 'Clusters',
-           'DropListed', 'dedup_stages', 'near_copy', 'jaccard_pairs', 'pair_recall', 'dedup_bench']
+__all__ = ['BINS', 'CONFIGS', 'MinHasher', 'exact_hash', 'batch_word_hashes', 'batches', 'Signatures', 'equal_runs',
+           'candidate_pairs', 'jaccard', 'Clusters', 'DropListed', 'dedup_stages', 'near_copy', 'jaccard_pairs',
+           'pair_recall', 'dedup_bench']
 
 # %% ../../nbs/54_dedup.ipynb #676fa119
 class MinHasher:
@@ -26,6 +27,22 @@ class MinHasher:
     def shingles(self, w) -> np.ndarray:
         "Hashes of the `n`-word windows of word hashes `w` (one window of all the words when there are fewer)."
         return ngram_hashes(w, min(self.n, max(len(w), 1)))
+
+    def batch_shingles(self, w, offsets) -> tuple:
+        """`shingles` of every document at once: (hashes back to back, where each document's start and the end), for
+        word hashes `w` of documents `w[offsets[k]:offsets[k + 1]]`. Windows that cross a document's end are dropped."""
+        n, counts = self.n, np.diff(offsets)
+        g = ngram_hashes(w, n)
+        ok = np.ones(len(g), bool)
+        cross = (np.asarray(offsets[1:-1])[:, None] - np.arange(1, n)[None, :]).ravel()  # starts of windows over an end
+        ok[cross[(cross >= 0) & (cross < len(g))]] = False
+        g, per_doc = g[ok], np.maximum(counts - n + 1, 0)
+        short = np.flatnonzero((counts > 0) & (counts < n))  # one window of all their words (rare: few words)
+        if len(short):
+            at = np.cumsum(np.r_[0, per_doc])[short]
+            g = np.insert(g, at, [self.shingles(w[offsets[k]:offsets[k + 1]])[0] for k in short])
+            per_doc[short] = 1
+        return g, np.r_[0, np.cumsum(per_doc)]
 
     def minhashes(self, shingles, offsets=None, block=4096) -> np.ndarray:
         "`[docs, bands * rows]` minima of the documents `shingles[offsets[k]:offsets[k + 1]]` (all ones if empty)."
@@ -54,6 +71,25 @@ def exact_hash(w) -> int:
     "A hash of the normalised text: its word hashes `w` in order."
     return xxhash.xxh64_intdigest(w.tobytes())
 
+def batch_word_hashes(texts) -> tuple:
+    """(word hashes of every text back to back, where each text's words start and the end): one pass over the texts
+    joined by newlines, which no word crosses; the same hashes as `text_word_hashes` of each text."""
+    lows = [t.lower() for t in texts]
+    starts = np.cumsum([0] + [len(l) + 1 for l in lows])[:-1]
+    w, s, _ = word_spans('\n'.join(lows))
+    return w, np.r_[np.searchsorted(s, starts), len(w)]
+
+def batches(docs, chars=1 << 20):
+    "Lists of documents of about `chars` characters (the array passes' working size: a few MB)."
+    out, n = [], 0
+    for d in docs:
+        out.append(d)
+        n += len(d.text)
+        if n >= chars:
+            yield out
+            out, n = [], 0
+    if out: yield out
+
 # %% ../../nbs/54_dedup.ipynb #04ad9a73
 class Signatures(Stage):
     "Dedup stage 1: band and exact hashes for every document of every shard of `src`."
@@ -64,14 +100,16 @@ class Signatures(Stage):
     def n_tasks(self): return len(self.shards)
     def task_name(self, i): return Path(self.shards[i]).name.removesuffix('.jsonl.zst')
     def run(self, i):
-        exact, shingles, nbytes = [], [], 0
-        for d in read_docs(self.shards[i]):
-            w = text_word_hashes(d.text)
-            nbytes += d.nbytes
-            shingles.append(self.hasher.shingles(w))
-            exact.append(exact_hash(w))
+        exact, shingles, counts, nbytes = [], [], [], 0
+        for docs in batches(read_docs(self.shards[i])):  # array passes over many documents, not one per document
+            w, wo = batch_word_hashes([d.text for d in docs])
+            nbytes += sum(d.nbytes for d in docs)
+            exact += [exact_hash(w[a:b]) for a, b in zip(wo[:-1].tolist(), wo[1:].tolist())]
+            sh, so = self.hasher.batch_shingles(w, wo)
+            shingles.append(sh)
+            counts.append(np.diff(so))
         sh = np.concatenate(shingles) if shingles else np.zeros(0, np.uint64)
-        offsets = np.cumsum([0] + [len(x) for x in shingles])
+        offsets = np.r_[0, np.cumsum(np.concatenate(counts))] if counts else np.zeros(1, np.int64)
         buf = io.BytesIO()
         np.savez(buf, bands=self.hasher.band_hashes(self.hasher.minhashes(sh, offsets)),
                  exact=np.array(exact, np.uint64), shingles=sh, offsets=offsets)

@@ -18,7 +18,8 @@ and apex3's MinHash shape: 5-grams, 25 bands × 5 rows, 32-bit hashes; datatrove
 orjson zstandard regex nltk tokenizers spacy "xxhash<4"` (0.10.1 hashes `str`, which xxhash 4 refuses). A record whose process used under 1 s of CPU is
 not a figure: it is written with `figure: false` and the summary leaves it out.
 
-Each run's removed document ids go to OUT/removed/; `--disagree` reads them (first repeat) and records, for each
+Repeats may run as separate jobs (`--first-repeat K --repeats 1`, each with its own APEX3_DATA_SPEED_WORK folder):
+the two implementations still alternate within each repeat. Each run's removed document ids go to WORK/removed/; `--disagree` reads them (first repeat) and records, for each
 implementation and each document it removed that the other kept, the exact 5-gram Jaccard similarity of the
 document to its nearest document the remover kept (word 5-grams of the lower-cased `\\w+` words, as sets of
 strings: independent of both tools' MinHash) — kind `data_speed_disagree`."""
@@ -29,7 +30,7 @@ from data_speed_inputs import DEFAULT_OUT, build_inputs, input_dir
 
 MIN_CPU_S = 1.0
 HERE = Path(__file__).parent
-WORK = Path('/tmp/apex3-data-speed')
+WORK = Path(os.environ.get('APEX3_DATA_SPEED_WORK', '/tmp/apex3-data-speed'))  # one per concurrent run
 
 # ---- the apex3 side, run as `--child TASK SRC OUT WORKERS` in a fresh process
 def child(task, src, out, workers=1):
@@ -117,7 +118,7 @@ def bench(a):
                                          capture_output=True, text=True).stdout.strip())
     recs = []
     for size in sizes:
-        for rep in range(a.repeats):
+        for rep in range(a.first_repeat, a.first_repeat + a.repeats):
             for task in tasks:
                 src, info = input_info(size, task)
                 for impl in impls:
@@ -186,6 +187,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument('--sizes', default='20,200')
     p.add_argument('--repeats', type=int, default=3)
+    p.add_argument('--first-repeat', type=int, default=0, help='number of the first repeat (repeats may run as separate jobs)')
     p.add_argument('--tasks', default='dedup:code,dedup:prose,clean:prose')
     p.add_argument('--impls', default='apex3,matched,stock')
     p.add_argument('--workers', type=int, default=1, help="apex3's local workers (datatrove always runs one)")

@@ -143,12 +143,12 @@ def plot_run(out, recs=None):
 
 # %% ../../nbs/5c_stats.ipynb #eb8ced06
 def speed_records(kind='data_speed', path='data_speed.jsonl', commit=None) -> pd.DataFrame:
-    "Records of one kind from `records/data_speed.jsonl`, of `commit` (default: the last record's commit)."
+    "Records of one kind from `records/data_speed.jsonl`, of `commit` (default: the last record's; 'all': every one)."
     from apex3.records import load_records
     recs = load_records(path, kind)
     if not recs: return pd.DataFrame()
     commit = commit or recs[-1].get('git_commit')
-    return pd.DataFrame([r for r in recs if r.get('git_commit') == commit])
+    return pd.DataFrame([r for r in recs if commit == 'all' or r.get('git_commit') == commit])
 
 def speed_summary(df, base='apex3') -> pd.DataFrame:
     """Per (size, task, workers, impl), over the runs that are figures: median, min and max of whole-process CPU seconds,

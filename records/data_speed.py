@@ -2,7 +2,7 @@
 the machine's load around every run. Appends records (with provenance) to records/data_speed.jsonl.
 
 usage: python records/data_speed.py [--sizes 20,200] [--repeats 3] [--tasks dedup:code,dedup:prose,clean:prose]
-                                    [--impls apex3,matched,stock] [--workers 1] [--datatrove-python PYTHON]
+                                    [--impls apex3,matched,stock] [--workers 1[,2]] [--datatrove-python PYTHON]
        python records/data_speed.py --disagree [--sizes 20]      (point 2: what each removes that the other keeps)
 
 Inputs are records/data_speed_inputs.py's (built here when missing). Each run is a fresh process (apex3: this
@@ -12,7 +12,7 @@ them, beside the stage sums the process measures itself (`stage_cpu_s`: apex3's 
 per-stage `process_time`). The implementations alternate within each repeat (A B C A B C ...), so a change of load
 on this shared machine falls on all of them; `os.getloadavg()` before and after is in every record.
 
-Implementations: `apex3` (one worker unless --workers), `matched` (datatrove with apex3's whitespace word splitter
+Implementations: `apex3` (one worker, or each count of --workers in turn: scaling), `matched` (datatrove with apex3's whitespace word splitter
 and apex3's MinHash shape: 5-grams, 25 bands × 5 rows, 32-bit hashes; datatrove has no verification threshold),
 `stock` (datatrove as it ships: spaCy words, 14 × 8, 64-bit). datatrove's environment: `pip install datatrove==0.10.1
 orjson zstandard regex nltk tokenizers spacy "xxhash<4"` (0.10.1 hashes `str`, which xxhash 4 refuses). A record whose process used under 1 s of CPU is
@@ -112,6 +112,7 @@ def summary(recs) -> list:
 def bench(a):
     from apex3.records import append_records
     sizes, tasks, impls = [int(x) for x in a.sizes.split(',')], a.tasks.split(','), a.impls.split(',')
+    workers = [int(x) for x in a.workers.split(',')]  # apex3 runs once per count, in turn within each repeat
     build_inputs(DEFAULT_OUT, sizes)
     prov = dict(command='python records/data_speed.py ' + ' '.join(map(shlex.quote, sys.argv[1:])), cpus=os.cpu_count(),
                 datatrove=subprocess.run([a.datatrove_python, '-c', 'import importlib.metadata as m; print(m.version("datatrove"))'],
@@ -121,13 +122,13 @@ def bench(a):
         for rep in range(a.first_repeat, a.first_repeat + a.repeats):
             for task in tasks:
                 src, info = input_info(size, task)
-                for impl in impls:
+                for impl, w in [(i, w) for i in impls for w in (workers if i == 'apex3' else [1])]:
                     out = WORK/f'{impl}-{task.replace(":", "-")}-{size}'
-                    r = run_one(impl, task, src, out, a.datatrove_python, a.workers if impl == 'apex3' else 1)
-                    rm = WORK/'removed'/f'{impl}-{task.replace(":", "-")}-{size}-w{a.workers}-r{rep}.json'
+                    r = run_one(impl, task, src, out, a.datatrove_python, w)
+                    rm = WORK/'removed'/f'{impl}-{task.replace(":", "-")}-{size}-w{w}-r{rep}.json'
                     rm.parent.mkdir(parents=True, exist_ok=True); rm.write_text(json.dumps(r['removed_ids']))
-                    rec = speed_record(impl, task, size, rep, a.workers if impl == 'apex3' else 1, info, r)
-                    print(f"{size:>4} MB rep {rep} {task:<12} {impl:>8}: cpu {rec['proc_cpu_s']:7.2f} s (stages "
+                    rec = speed_record(impl, task, size, rep, w, info, r)
+                    print(f"{size:>4} MB rep {rep} {task:<12} {impl:>8} w{w}: cpu {rec['proc_cpu_s']:7.2f} s (stages "
                           f"{rec['stage_cpu_s']:7.2f}) wall {rec['proc_wall_s']:7.2f} s removed {rec['removed']:>5} "
                           f"load {rec['loadavg_before'][0]:.1f}->{rec['loadavg_after'][0]:.1f}", flush=True)
                     if not a.no_record: append_records([dict(rec, **prov)], HERE/'data_speed.jsonl')
@@ -190,7 +191,7 @@ def main():
     p.add_argument('--first-repeat', type=int, default=0, help='number of the first repeat (repeats may run as separate jobs)')
     p.add_argument('--tasks', default='dedup:code,dedup:prose,clean:prose')
     p.add_argument('--impls', default='apex3,matched,stock')
-    p.add_argument('--workers', type=int, default=1, help="apex3's local workers (datatrove always runs one)")
+    p.add_argument('--workers', default='1', help="apex3's local workers, e.g. 1,2 (datatrove always runs one)")
     p.add_argument('--datatrove-python', default='/work/venvs/datatrove/bin/python')
     p.add_argument('--disagree', action='store_true')
     p.add_argument('--no-record', action='store_true')

@@ -10,8 +10,8 @@ import numpy as np, pandas as pd
 
 # %% auto #0
 __all__ = ['load_markers', 'source_of', 'removals', 'throughput', 'token_stats', 'doc_lengths', 'rates', 'summary', 'plot_run',
-           'speed_records', 'speed_summary', 'plot_speed', 'ratio_lines', 'plot_disagree', 'disagree_table',
-           'bench_records', 'plot_compare', 'removal_account', 'account_table']
+           'speed_records', 'speed_summary', 'plot_speed', 'ratio_lines', 'latest_against', 'scaling_table',
+           'plot_disagree', 'disagree_table', 'bench_records', 'plot_compare', 'removal_account', 'account_table']
 
 # %% ../../nbs/5c_stats.ipynb #6f15b7a9
 def load_markers(out) -> list:
@@ -194,6 +194,39 @@ def ratio_lines(summary, base='apex3') -> list:
     return [f"{r.size_mb} MB {r.task}: {r.impl} uses {r.ratio:.2f}x apex3's CPU (per repeat {r.ratio_min:.2f}-"
             f"{r.ratio_max:.2f}, {r.runs} runs, load {r.load_min:.1f}-{r.load_max:.1f})" for r in s.itertuples()
             if not np.isnan(r.ratio)]
+
+# %% ../../nbs/5c_stats.ipynb #786b842b
+def latest_against(df, other='matched') -> pd.DataFrame:
+    """Per (size, task): the median whole-process CPU of apex3's latest measured commit (one worker) beside `other`'s
+    latest, the commits, and the ratio; `interleaved` is whether both come from the same commit's runs."""
+    f = df[df.figure & (df.workers == 1)]
+    order = {c: k for k, c in enumerate(dict.fromkeys(f.git_commit))}  # commits in the order they were measured
+    def latest(g): return g[g.git_commit.map(order) == g.git_commit.map(order).max()]
+    rows = []
+    for (size, task), g in f.groupby(['size_mb', 'task']):
+        a, o = latest(g[g.impl == 'apex3']), latest(g[g.impl == other])
+        if len(a) and len(o):
+            rows.append(dict(size_mb=size, task=task, apex3_commit=a.git_commit.iloc[0][:10], apex3_cpu=a.proc_cpu_s.median(),
+                             apex3_runs=len(a), other=other, other_commit=o.git_commit.iloc[0][:10],
+                             other_cpu=o.proc_cpu_s.median(), other_runs=len(o),
+                             ratio=o.proc_cpu_s.median() / a.proc_cpu_s.median(),
+                             interleaved=a.git_commit.iloc[0] == o.git_commit.iloc[0]))
+    return pd.DataFrame(rows)
+
+# %% ../../nbs/5c_stats.ipynb #4a976b68
+def scaling_table(df) -> pd.DataFrame:
+    "apex3's one- and two-worker runs paired by repeat, per (size, task): CPU ratio, wall efficiency T1 / (2 T2), load."
+    a = df[(df.impl == 'apex3') & df.figure & df.workers.isin([1, 2])]
+    w = a.pivot_table(index=['size_mb', 'task', 'repeat'], columns='workers', values=['proc_cpu_s', 'proc_wall_s'])
+    if 2 not in w.columns.get_level_values(1): return pd.DataFrame()
+    w = w.dropna()
+    r = pd.DataFrame({'cpu_ratio': w.proc_cpu_s[2] / w.proc_cpu_s[1],
+                      'efficiency': w.proc_wall_s[1] / (2 * w.proc_wall_s[2])})
+    load = a.groupby(['size_mb', 'task']).loadavg_before.agg(lambda l: (min(x[0] for x in l), max(x[0] for x in l)))
+    g = r.groupby(level=['size_mb', 'task'])
+    return pd.DataFrame({'pairs': g.size(), 'cpu_ratio_median': g.cpu_ratio.median(), 'efficiency_median': g.efficiency.median(),
+                         'efficiency_min': g.efficiency.min(), 'efficiency_max': g.efficiency.max(),
+                         'load': load}).reset_index()
 
 # %% ../../nbs/5c_stats.ipynb #4f522c95
 def plot_disagree(dis, threshold=0.7):

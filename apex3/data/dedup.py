@@ -79,8 +79,8 @@ def batch_word_hashes(texts) -> tuple:
     w, s, _ = word_spans('\n'.join(lows))
     return w, np.r_[np.searchsorted(s, starts), len(w)]
 
-def batches(docs, chars=1 << 20):
-    "Lists of documents of about `chars` characters (the array passes' working size: a few MB)."
+def batches(docs, chars=1 << 17):
+    "Lists of documents of about `chars` characters (the array passes' working size: about a MB, in cache)."
     out, n = [], 0
     for d in docs:
         out.append(d)
@@ -111,8 +111,11 @@ class Signatures(Stage):
         sh = np.concatenate(shingles) if shingles else np.zeros(0, np.uint64)
         offsets = np.r_[0, np.cumsum(np.concatenate(counts))] if counts else np.zeros(1, np.int64)
         buf = io.BytesIO()
+        np.save(buf, sh)  # apart, so that the clusters stage maps it and reads only the paired documents' shingles
+        atomic_write_bytes(Path(self.out)/f'{self.task_name(i)}.shingles.npy', buf.getvalue())
+        buf = io.BytesIO()
         np.savez(buf, bands=self.hasher.band_hashes(self.hasher.minhashes(sh, offsets)),
-                 exact=np.array(exact, np.uint64), shingles=sh, offsets=offsets)
+                 exact=np.array(exact, np.uint64), offsets=offsets)
         atomic_write_bytes(Path(self.out)/f'{self.task_name(i)}.npz', buf.getvalue())
         return {'docs_in': len(exact), 'bytes_in': nbytes}
 
@@ -157,14 +160,18 @@ def jaccard(a, b) -> float:
     return inter / (len(a) + len(b) - inter)
 
 def _load_signatures(files):
+    """(documents per shard, bands, exact hashes, `shingles_of(k)`: document k's shingles by global index). The
+    shingle files stay on disk, memory-mapped: only the documents of candidate pairs are read."""
     sigs = [np.load(f) for f in files]
     cat = lambda k, shape: np.concatenate([s[k] for s in sigs]) if sigs else np.zeros(shape, np.uint64)
-    offs, base = [], 0
-    for s in sigs:
-        offs.append(s['offsets'][:-1] + base)
-        base += s['offsets'][-1]
-    offs = np.concatenate(offs + [[base]]).astype(np.int64)
-    return [len(s['exact']) for s in sigs], cat('bands', (0, 1)), cat('exact', 0), cat('shingles', 0), offs
+    maps = [np.load(f.with_name(f.name.removesuffix('.npz') + '.shingles.npy'), mmap_mode='r') for f in files]
+    offs, sizes = [s['offsets'] for s in sigs], [len(s['exact']) for s in sigs]
+    starts = np.cumsum([0] + sizes)
+    def shingles_of(k):
+        f = int(np.searchsorted(starts, k, 'right')) - 1
+        j = k - starts[f]
+        return np.asarray(maps[f][offs[f][j]:offs[f][j + 1]])
+    return sizes, cat('bands', (0, 1)), cat('exact', 0), shingles_of
 
 class Clusters(Stage):
     "Dedup stage 2 (one task): cluster all documents, write the removal list of each shard."
@@ -172,11 +179,11 @@ class Clusters(Stage):
         self.sig_dir, self.out, self.name, self.threshold = str(sig_dir), str(out), 'dedup:clusters', threshold
     def run(self, i):
         files = sorted(Path(self.sig_dir).glob('*.npz'))
-        sizes, bands, exact, sh, offs = _load_signatures(files)
+        sizes, bands, exact, shingles_of = _load_signatures(files)
         pairs = candidate_pairs(bands)
         n_candidates = len(pairs)
         if self.threshold is not None:
-            sets = {k: np.unique(sh[offs[k]:offs[k + 1]]) for k in np.unique(pairs)}  # only the paired documents
+            sets = {k: np.unique(shingles_of(k)) for k in np.unique(pairs).tolist()}  # only the paired documents
             sim = np.array([jaccard(sets[a], sets[b]) for a, b in pairs])
             pairs = pairs[sim >= self.threshold] if len(pairs) else pairs
         root = _union_find(len(exact), equal_runs(exact) + list(pairs))

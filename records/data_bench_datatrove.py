@@ -2,6 +2,7 @@
 (datatrove is not an apex3 dependency). One worker, so every rate is one core's.
 
 usage: DATATROVE_PYTHON records/data_bench_datatrove.py IN OUT [spacy|split] [SEEDS]
+       DATATROVE_PYTHON records/data_bench_datatrove.py --task {stock|matched} {clean|dedup} IN OUT  (one task)
 SPLITTER `spacy` is stock datatrove (spaCy word splitting); `split` swaps in apex3's splitter (`str.split`), the
 matched comparison. SEEDS (comma-separated, default 1) are MinHash seeds: dedup runs once per seed, the first timed.
 IN holds `prose/*.jsonl.zst` and `code/*.jsonl.zst` (the shards apex3 reads too). For prose it runs
@@ -67,9 +68,10 @@ def clean(src, out, lang='eng'):
     return dict(seconds=s, cpu_seconds=c, docs_out=len(ids_in(out/'kept')), removed_ids=ids_in(out/'removed'),
                 removed_by={k: reasons_in(out/'removed'/k) for k in FILTERS})
 
-def dedup(src, out, lang='eng', seed=1):
-    "datatrove's four MinHash stages with 64-bit hashes (the bucket stage needs tasks divisible by 14)."
-    cfg = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8, seed=seed, hash_config=HashConfig(precision=64))
+def dedup(src, out, lang='eng', seed=1, buckets=14, rows=8, precision=64):
+    "datatrove's four MinHash stages (5-grams, `buckets` × `rows`); the bucket stage runs one task per bucket."
+    cfg = MinhashConfig(n_grams=5, num_buckets=buckets, hashes_per_bucket=rows, seed=seed,
+                        hash_config=HashConfig(precision=precision))
     runs = [([reader(src), MinhashDedupSignature(str(out/'sigs'), config=cfg, language=lang)], 1),
             ([MinhashDedupBuckets(str(out/'sigs'), str(out/'buckets'), config=cfg)], cfg.num_buckets),
             ([MinhashDedupCluster(str(out/'buckets'), str(out/'remove'), config=cfg)], 1),
@@ -91,4 +93,23 @@ def main(src, out, splitter='spacy', seeds='1'):
         res['seeds'][s] = {seed: r['removed_ids'] for seed, r in runs.items()}
     print(json.dumps(res))
 
-if __name__ == '__main__': main(*sys.argv[1:5])
+# One task for the speed benchmark (records/data_speed.py): `stock` is datatrove as it ships (spaCy words, 14 × 8
+# bands, 64-bit); `matched` has apex3's word splitter and apex3's MinHash shape (5-grams, 25 × 5, 32-bit).
+# datatrove 0.10.1 hashes `str` with xxhash, which xxhash 4 refuses: its environment needs xxhash < 4.
+VARIANTS = {'stock': dict(lang='eng', buckets=14, rows=8, precision=64),
+            'matched': dict(lang=None, buckets=25, rows=5, precision=32)}
+
+def one_task(variant, task, src, out):
+    "Run `task` ('clean' or 'dedup') of `variant` on the shards in `src`; print its timings and removals as JSON."
+    v, src, out = VARIANTS[variant], Path(src), Path(out)
+    if out.exists(): shutil.rmtree(out)
+    lang = v['lang'] or SplitTokenizer()
+    load_word_tokenizer(lang).word_tokenize('warm up')
+    if task == 'clean': r = clean(src, out, lang)
+    else: r = dedup(src, out, lang, 1, v['buckets'], v['rows'], v['precision'])
+    r.setdefault('stage_cpu_seconds', [r['cpu_seconds']])
+    print(json.dumps(r))
+
+if __name__ == '__main__':
+    if sys.argv[1] == '--task': one_task(*sys.argv[2:6])
+    else: main(*sys.argv[1:5])

@@ -55,3 +55,14 @@ def test_free_space_reading(tmp_path, monkeypatch, capsys, free, rc, lines):
     if rc: assert 'free, but the ingest copies' in err and not (tmp_path/'out'/'work').exists()
     elif lines: assert err.startswith('apex3 data: warning: ') and 'may run out of space' in err
     if not rc: assert (tmp_path/'out'/'tokens'/'s').is_dir()
+
+def test_data_main_os_errors(monkeypatch, tmp_path):
+    "A file-system failure is one line (a UsageError); any other OSError keeps its traceback (it propagates)."
+    import errno, apex3.data.pipeline as pl
+    def fails_with(e):
+        def f(argv): raise e
+        return f
+    monkeypatch.setattr(pl, '_data_main', fails_with(OSError(errno.ECONNREFUSED, 'Connection refused')))
+    with pytest.raises(ConnectionRefusedError): data_main(['run', 'x.toml'])  # not the file system
+    monkeypatch.setattr(pl, '_data_main', fails_with(OSError(errno.EACCES, 'Permission denied', str(tmp_path/'o'))))
+    with pytest.raises(UsageError, match='Permission denied'): data_main(['run', 'x.toml'])  # control: a file's error

@@ -4,14 +4,15 @@
 
 # %% ../../nbs/52_clean.ipynb #d1ed2bd1
 from __future__ import annotations
-import bisect, re
+import bisect, re, string
 import numpy as np
 from .core import Document, Step
 from .decontaminate import split_hashes, ngram_hashes
 
 # %% auto #0
-__all__ = ['STOP_WORDS', 'TERMINAL', 'POLICY', 'GENERATED', 'words_of', 'letter_words', 'GopherQuality', 'top_ngram_chars',
-           'dup_ngram_chars', 'GopherRepetition', 'C4Lines', 'FineWebQuality', 'CodeQuality']
+__all__ = ['STOP_WORDS', 'TERMINAL', 'POLICY', 'GENERATED', 'words_of', 'letter_words', 'GopherQuality', 'top_ngram_count',
+           'top_ngram_chars', 'widest_ngram', 'dup_ngram_chars', 'GopherRepetition', 'C4Lines', 'FineWebQuality',
+           'CodeQuality']
 
 # %% ../../nbs/52_clean.ipynb #0bc46f48
 _PUNCT = '!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~«»“”‘’…'
@@ -22,7 +23,9 @@ def words_of(text) -> list:
 STOP_WORDS = frozenset('the be to of and that have with'.split())
 TERMINAL = ('.', '!', '?', '"', "'", '”', '’', '…', ':')
 _LETTERISH = re.compile(r'[^\W\d_]')  # letters, and the few digits and numerals that are not decimal
-_ASCII_LETTER_TOKEN = re.compile(r'(?<!\S)\S*?[A-Za-z]')  # one match per whitespace token with a letter
+_ASCII_SPACE = ''.join(c for c in map(chr, range(128)) if c.isspace())  # what `str.split` splits ASCII text on
+_LETTER_TO_A = bytes.maketrans(string.ascii_letters.encode() + _ASCII_SPACE.encode(), b'a' * 52 + b' ' * len(_ASCII_SPACE))
+_NOT_LETTER_OR_SPACE = bytes(c for c in range(128) if not chr(c).isalpha() and not chr(c).isspace())
 
 def _has_letter(w) -> bool:
     "Whether `w` has a character with `str.isalpha`: one regex search, a character loop only past a numeral."
@@ -31,7 +34,9 @@ def _has_letter(w) -> bool:
 
 def letter_words(text, words) -> int:
     "How many of `words_of(text)` have a letter: one regex pass over ASCII text, else word by word."
-    return len(_ASCII_LETTER_TOKEN.findall(text)) if text.isascii() else sum(map(_has_letter, words))
+    if not text.isascii(): return sum(map(_has_letter, words))
+    # letters become `a`, every other non-space goes: a token with a letter is left as `a…`, one without vanishes
+    return len(text.encode('ascii').translate(_LETTER_TO_A, _NOT_LETTER_OR_SPACE).split())
 
 # %% ../../nbs/52_clean.ipynb #1966981d
 class GopherQuality(Step):
@@ -79,18 +84,24 @@ def _grams(h, lens, n) -> tuple:
     c = np.concatenate([[0], np.cumsum(lens)])
     return ngram_hashes(h, n), c[n:] - c[:-n] + (n - 1)
 
-def top_ngram_chars(h, lens, n) -> int:
-    "Characters covered by the most frequent n-gram (its length times its count; 0 if nothing repeats)."
+def top_ngram_count(h, lens, n) -> tuple:
+    "(characters covered by the most frequent n-gram: its length times its count, 0 if nothing repeats; that count)."
     g, glen = _grams(h, lens, n)
-    if not len(g): return 0
+    if not len(g): return 0, 0
     _, first, count = np.unique(g, return_index=True, return_counts=True)
     k = count.max()  # ties go to the n-gram seen first, as `Counter.most_common` breaks them
-    return int(glen[first[count == k].min()]) * int(k) if k > 1 else 0
+    return (int(glen[first[count == k].min()]) * int(k) if k > 1 else 0), int(k)
+
+def top_ngram_chars(h, lens, n) -> int: return top_ngram_count(h, lens, n)[0]
+
+def widest_ngram(lens, n) -> int:
+    "Characters of the longest `n`-gram of tokens of lengths `lens` (tokens joined by one space; 0 if none)."
+    return int(np.convolve(lens, np.ones(n, lens.dtype), 'valid').max()) + n - 1 if len(lens) >= n else 0
 
 def dup_ngram_chars(h, lens, n) -> int:
     "Characters in n-grams that repeat an earlier n-gram, scanning without overlap (datatrove's rule)."
     g, glen = _grams(h, lens, n)
-    if not len(g): return 0
+    if len(set(g.tolist())) == len(g): return 0  # nothing repeats (a set is cheaper than a sort on a short array)
     _, first, inv = np.unique(g, return_index=True, return_inverse=True)
     first = first[inv]
     chars, nxt, skips, seen_again = 0, 0, [], set()
@@ -124,8 +135,12 @@ class GopherRepetition(Step):
         if lines and n / len(lines) > self.dup_line_frac: return 'dup_line_frac'
         if c / L > self.dup_line_char_frac: return 'dup_line_char_frac'
         h, lens = split_hashes(text)
+        most, last = None, 0  # the count of the most frequent `last`-gram bounds the count of every longer n-gram
         for k, t in self.top_ngrams:
-            if top_ngram_chars(h, lens, k) / L > t: return f'top_{k}_gram'
+            if most is not None and k > last and most * widest_ngram(lens, k) <= t * L: continue  # cannot fire
+            c, most, last = *top_ngram_count(h, lens, k), k
+            if c / L > t: return f'top_{k}_gram'
+        if most is not None and most <= 1 and all(k > last for k, _ in self.dup_ngrams): return doc  # none repeats
         for k, t in self.dup_ngrams:
             c = dup_ngram_chars(h, lens, k)
             if c / L > t: return f'duplicated_{k}_grams'

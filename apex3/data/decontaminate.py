@@ -10,16 +10,16 @@ import numpy as np
 from .core import Document, Step
 
 # %% auto #0
-__all__ = ['WORD_RE', 'words_lower', 'ngram_hashes', 'span_hashes', 'text_word_hashes', 'split_hashes', 'Benchmark',
-           'humaneval_prompts', 'jsonl_prompts', 'Decontaminate']
+__all__ = ['WORD_RE', 'FNV_PRIME', 'words_lower', 'mix64', 'ngram_hashes', 'span_hashes', 'word_spans', 'text_word_hashes',
+           'split_hashes', 'Benchmark', 'humaneval_prompts', 'jsonl_prompts', 'Decontaminate']
 
 # %% ../../nbs/53_decontaminate.ipynb #fa7b5987
 WORD_RE = re.compile(r'\w+')
-_P = np.uint64(0x100000001B3)  # FNV prime: any odd multiplier spreads the window
+FNV_PRIME = np.uint64(0x100000001B3)  # FNV prime: any odd multiplier spreads the window
 
 def words_lower(text) -> list: return WORD_RE.findall(text.lower())
 
-def _mix64(x):
+def mix64(x):
     "splitmix64 finaliser: spreads every input bit over the output (vectorised, wrapping arithmetic)."
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -30,8 +30,8 @@ def ngram_hashes(w, n) -> np.ndarray:
     if len(w) < n: return np.zeros(0, np.uint64)
     h = np.zeros(len(w) - n + 1, np.uint64)
     with np.errstate(over='ignore'):
-        for j in range(n): h = h * _P + w[j:len(w) - n + 1 + j]
-        return _mix64(h)
+        for j in range(n): h = h * FNV_PRIME + w[j:len(w) - n + 1 + j]
+        return mix64(h)
 
 # %% ../../nbs/53_decontaminate.ipynb #53c00001
 _WORD_ASCII = np.array([chr(c).isalnum() or c == 95 for c in range(128)] + [0], np.int8)  # 128: any other
@@ -69,13 +69,16 @@ def span_hashes(a, m) -> tuple:
     with np.errstate(over='ignore'):
         np.cumsum(a * _pow_table(_B, len(a)), out=S[1:])
         h = (S[e] - S[s]) * _pow_table(_B_INV, len(a) + 1)[s]
-        return _mix64(h + (e - s).astype(np.uint64)), s, e
+        return mix64(h + (e - s).astype(np.uint64)), s, e
+
+def word_spans(low) -> tuple:
+    "(hash, start, end) of each word of a lower-cased text; a word's hash does not depend on where it stands."
+    a = _code_points(low)
+    return span_hashes(a, _mask(a, low, _WORD_ASCII, str.isalnum))
 
 def text_word_hashes(text) -> np.ndarray:
     "A 64-bit hash of each word of `words_lower(text)`, computed with array operations over the text."
-    low = text.lower()
-    a = _code_points(low)
-    return span_hashes(a, _mask(a, low, _WORD_ASCII, str.isalnum))[0]
+    return word_spans(text.lower())[0]
 
 def split_hashes(text) -> tuple:
     "(hashes, lengths) of the tokens of `text.split()`, with the same hash."

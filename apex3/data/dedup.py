@@ -8,11 +8,12 @@ import io, json
 from pathlib import Path
 import numpy as np, xxhash
 from .core import Document, Step, Stage, MapStage, TaskContext, list_shards, read_docs, atomic_write_bytes
-from .decontaminate import text_word_hashes, ngram_hashes, _mix64, _P
+from .decontaminate import text_word_hashes, ngram_hashes, mix64, FNV_PRIME, word_spans
 
 # %% auto #0
-__all__ = ['BINS', 'CONFIGS', 'MinHasher', 'exact_hash', 'Signatures', 'equal_runs', 'candidate_pairs', 'jaccard', 'Clusters',
-           'DropListed', 'dedup_stages', 'near_copy', 'jaccard_pairs', 'pair_recall', 'dedup_bench']
+__all__ = ['BINS', 'CONFIGS', 'MinHasher', 'exact_hash', 'batch_word_hashes', 'batches', 'Signatures', 'equal_runs',
+           'candidate_pairs', 'jaccard', 'Clusters', 'DropListed', 'dedup_stages', 'near_copy', 'jaccard_pairs',
+           'pair_recall', 'dedup_bench']
 
 # %% ../../nbs/54_dedup.ipynb #676fa119
 class MinHasher:
@@ -26,6 +27,22 @@ class MinHasher:
     def shingles(self, w) -> np.ndarray:
         "Hashes of the `n`-word windows of word hashes `w` (one window of all the words when there are fewer)."
         return ngram_hashes(w, min(self.n, max(len(w), 1)))
+
+    def batch_shingles(self, w, offsets) -> tuple:
+        """`shingles` of every document at once: (hashes back to back, where each document's start and the end), for
+        word hashes `w` of documents `w[offsets[k]:offsets[k + 1]]`. Windows that cross a document's end are dropped."""
+        n, counts = self.n, np.diff(offsets)
+        g = ngram_hashes(w, n)
+        ok = np.ones(len(g), bool)
+        cross = (np.asarray(offsets[1:-1])[:, None] - np.arange(1, n)[None, :]).ravel()  # starts of windows over an end
+        ok[cross[(cross >= 0) & (cross < len(g))]] = False
+        g, per_doc = g[ok], np.maximum(counts - n + 1, 0)
+        short = np.flatnonzero((counts > 0) & (counts < n))  # one window of all their words (rare: few words)
+        if len(short):
+            at = np.cumsum(np.r_[0, per_doc])[short]
+            g = np.insert(g, at, [self.shingles(w[offsets[k]:offsets[k + 1]])[0] for k in short])
+            per_doc[short] = 1
+        return g, np.r_[0, np.cumsum(per_doc)]
 
     def minhashes(self, shingles, offsets=None, block=4096) -> np.ndarray:
         "`[docs, bands * rows]` minima of the documents `shingles[offsets[k]:offsets[k + 1]]` (all ones if empty)."
@@ -47,12 +64,31 @@ class MinHasher:
         m = np.asarray(minhashes, np.uint64).reshape(-1, self.bands, self.rows)
         h = np.zeros(m.shape[:2], np.uint64)
         with np.errstate(over='ignore'):
-            for j in range(self.rows): h = h * _P + m[:, :, j]
-            return _mix64(h)
+            for j in range(self.rows): h = h * FNV_PRIME + m[:, :, j]
+            return mix64(h)
 
 def exact_hash(w) -> int:
     "A hash of the normalised text: its word hashes `w` in order."
     return xxhash.xxh64_intdigest(w.tobytes())
+
+def batch_word_hashes(texts) -> tuple:
+    """(word hashes of every text back to back, where each text's words start and the end): one pass over the texts
+    joined by newlines, which no word crosses; the same hashes as `text_word_hashes` of each text."""
+    lows = [t.lower() for t in texts]
+    starts = np.cumsum([0] + [len(l) + 1 for l in lows])[:-1]
+    w, s, _ = word_spans('\n'.join(lows))
+    return w, np.r_[np.searchsorted(s, starts), len(w)]
+
+def batches(docs, chars=1 << 17):
+    "Lists of documents of about `chars` characters (the array passes' working size: about a MB, in cache)."
+    out, n = [], 0
+    for d in docs:
+        out.append(d)
+        n += len(d.text)
+        if n >= chars:
+            yield out
+            out, n = [], 0
+    if out: yield out
 
 # %% ../../nbs/54_dedup.ipynb #04ad9a73
 class Signatures(Stage):
@@ -64,17 +100,22 @@ class Signatures(Stage):
     def n_tasks(self): return len(self.shards)
     def task_name(self, i): return Path(self.shards[i]).name.removesuffix('.jsonl.zst')
     def run(self, i):
-        exact, shingles, nbytes = [], [], 0
-        for d in read_docs(self.shards[i]):
-            w = text_word_hashes(d.text)
-            nbytes += d.nbytes
-            shingles.append(self.hasher.shingles(w))
-            exact.append(exact_hash(w))
+        exact, shingles, counts, nbytes = [], [], [], 0
+        for docs in batches(read_docs(self.shards[i])):  # array passes over many documents, not one per document
+            w, wo = batch_word_hashes([d.text for d in docs])
+            nbytes += sum(d.nbytes for d in docs)
+            exact += [exact_hash(w[a:b]) for a, b in zip(wo[:-1].tolist(), wo[1:].tolist())]
+            sh, so = self.hasher.batch_shingles(w, wo)
+            shingles.append(sh)
+            counts.append(np.diff(so))
         sh = np.concatenate(shingles) if shingles else np.zeros(0, np.uint64)
-        offsets = np.cumsum([0] + [len(x) for x in shingles])
+        offsets = np.r_[0, np.cumsum(np.concatenate(counts))] if counts else np.zeros(1, np.int64)
+        buf = io.BytesIO()
+        np.save(buf, sh)  # apart, so that the clusters stage maps it and reads only the paired documents' shingles
+        atomic_write_bytes(Path(self.out)/f'{self.task_name(i)}.shingles.npy', buf.getvalue())
         buf = io.BytesIO()
         np.savez(buf, bands=self.hasher.band_hashes(self.hasher.minhashes(sh, offsets)),
-                 exact=np.array(exact, np.uint64), shingles=sh, offsets=offsets)
+                 exact=np.array(exact, np.uint64), offsets=offsets)
         atomic_write_bytes(Path(self.out)/f'{self.task_name(i)}.npz', buf.getvalue())
         return {'docs_in': len(exact), 'bytes_in': nbytes}
 
@@ -119,14 +160,18 @@ def jaccard(a, b) -> float:
     return inter / (len(a) + len(b) - inter)
 
 def _load_signatures(files):
+    """(documents per shard, bands, exact hashes, `shingles_of(k)`: document k's shingles by global index). The
+    shingle files stay on disk, memory-mapped: only the documents of candidate pairs are read."""
     sigs = [np.load(f) for f in files]
     cat = lambda k, shape: np.concatenate([s[k] for s in sigs]) if sigs else np.zeros(shape, np.uint64)
-    offs, base = [], 0
-    for s in sigs:
-        offs.append(s['offsets'][:-1] + base)
-        base += s['offsets'][-1]
-    offs = np.concatenate(offs + [[base]]).astype(np.int64)
-    return [len(s['exact']) for s in sigs], cat('bands', (0, 1)), cat('exact', 0), cat('shingles', 0), offs
+    maps = [np.load(f.with_name(f.name.removesuffix('.npz') + '.shingles.npy'), mmap_mode='r') for f in files]
+    offs, sizes = [s['offsets'] for s in sigs], [len(s['exact']) for s in sigs]
+    starts = np.cumsum([0] + sizes)
+    def shingles_of(k):
+        f = int(np.searchsorted(starts, k, 'right')) - 1
+        j = k - starts[f]
+        return np.asarray(maps[f][offs[f][j]:offs[f][j + 1]])
+    return sizes, cat('bands', (0, 1)), cat('exact', 0), shingles_of
 
 class Clusters(Stage):
     "Dedup stage 2 (one task): cluster all documents, write the removal list of each shard."
@@ -134,11 +179,11 @@ class Clusters(Stage):
         self.sig_dir, self.out, self.name, self.threshold = str(sig_dir), str(out), 'dedup:clusters', threshold
     def run(self, i):
         files = sorted(Path(self.sig_dir).glob('*.npz'))
-        sizes, bands, exact, sh, offs = _load_signatures(files)
+        sizes, bands, exact, shingles_of = _load_signatures(files)
         pairs = candidate_pairs(bands)
         n_candidates = len(pairs)
         if self.threshold is not None:
-            sets = {k: np.unique(sh[offs[k]:offs[k + 1]]) for k in np.unique(pairs)}  # only the paired documents
+            sets = {k: np.unique(shingles_of(k)) for k in np.unique(pairs).tolist()}  # only the paired documents
             sim = np.array([jaccard(sets[a], sets[b]) for a, b in pairs])
             pairs = pairs[sim >= self.threshold] if len(pairs) else pairs
         root = _union_find(len(exact), equal_runs(exact) + list(pairs))

@@ -222,7 +222,12 @@ class Source:
     max_json_depth: int = 64
 
     def units(self) -> list:
-        "Work units as (name, [files], size): one per file, or one per repository for `repo` sources."
+        "Work units as (name, [files], size): one per file, or one per repository for `repo` sources (walked once)."
+        if '_units' not in self.__dict__: self.__dict__['_units'] = self.walk()
+        return self.__dict__['_units']
+
+    def walk(self) -> list:
+        "The units as the file system holds them now."
         if self.kind != 'repo':
             files = sorted(glob.glob(os.path.expanduser(self.path), recursive=True))
             return [(f, [f], os.path.getsize(f)) for f in files if os.path.isfile(f)]

@@ -6,7 +6,7 @@
 from __future__ import annotations
 from pathlib import Path
 import numpy as np
-from .core import Stage, list_shards, read_docs, without_surrogates
+from .core import Stage, list_shards, read_docs
 import logging
 from .tokenize import load_tokenizer, write_token_shard, write_token_meta, read_token_shard, EOS
 
@@ -40,7 +40,7 @@ def long_candidates(docs, min_tokens) -> list:
 
 def long_token_ids(cands, tok, min_tokens, eos) -> list:
     "Encode every candidate once; keep repositories whole and documents of at least `min_tokens` tokens."
-    encs = tok.encode_batch([without_surrogates(t) for t, _ in cands])
+    encs = tok.encode_batch([t for t, _ in cands])  # ingest repaired every lone surrogate
     return [np.array(e.ids + [eos], np.uint32) for e, (_, repo) in zip(encs, cands) if repo or len(e.ids) >= min_tokens]
 
 def long_from_tokens(docs, ids, ends, min_tokens, eos, file_sep) -> list:

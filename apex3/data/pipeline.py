@@ -4,11 +4,11 @@
 
 # %% ../../nbs/5b_pipeline.ipynb #55f0d5c9
 from __future__ import annotations
-import errno, glob, importlib.util, inspect, json, math, os, re, shutil, sys, time, tomllib
+import dataclasses, errno, glob, importlib.util, inspect, json, math, os, re, shutil, sys, time, tomllib
 import zstandard
 from collections import Counter
 from pathlib import Path
-from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, os_error_line, probe_writable
+from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, is_fs_error, os_error_line, probe_writable
 from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, list_shards, read_docs, read_jsonl_zst,
                              atomic_write_bytes)
 from .ingest import Source, IngestStage, open_binary
@@ -22,10 +22,11 @@ from .long import Long
 from .download import DownloadStage, run_downloads
 
 # %% auto #0
-__all__ = ['STEPS', 'KINDS', 'SCHEMA', 'SOURCE_KEYS', 'STAGE_HEADER', 'DEDUP_WORK_PER_BYTE', 'PACKED', 'ESTIMATE_MARGIN',
-           'make_step', 'installed', 'config_errors', 'load_config', 'source_stages', 'tokenizes', 'pipeline_stages',
-           'stage_row', 'run_pipeline', 'bytes_per_token', 'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes',
-           'check_space', 'fs_error_line', 'check_writable', 'data_main', 'final_docs', 'all_rejects', 'output_files']
+__all__ = ['STEPS', 'KINDS', 'SCHEMA', 'SOURCE_KEYS', 'TOKENIZE_DEFAULTS', 'LONG_DEFAULTS', 'STAGE_HEADER', 'DEDUP_WORK_PER_BYTE',
+           'PACKED', 'ESTIMATE_MARGIN', 'make_step', 'installed', 'config_errors', 'load_config', 'source_of',
+           'source_stages', 'section', 'tokenizes', 'pipeline_stages', 'stage_row', 'run_pipeline', 'bytes_per_token',
+           'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes', 'check_space', 'fs_error_line', 'check_writable',
+           'data_main', 'final_docs', 'all_rejects', 'output_files']
 
 # %% ../../nbs/5b_pipeline.ipynb #0c26d649
 def _decontaminate(policy='drop', n=13, humaneval=True, extra_jsonl=(), field='prompt'):
@@ -169,8 +170,7 @@ def config_errors(cfg, base) -> list:
 
 
 # %% ../../nbs/5b_pipeline.ipynb #da0bb8bb
-SOURCE_KEYS = {'name', 'kind', 'path', 'shards', 'text_key', 'extensions', 'exclude', 'max_line_bytes', 'max_doc_bytes',
-               'max_json_depth'}
+SOURCE_KEYS = {f.name for f in dataclasses.fields(Source)}  # the keys a [[source]] table passes to `Source`
 
 def load_config(path) -> dict:
     "Read and check a pipeline TOML (every problem in one `UsageError`); relative paths resolve against its folder."
@@ -197,12 +197,18 @@ def load_config(path) -> dict:
         cfg['tokenize']['tokenizer_json'] = str(base/os.path.expanduser(cfg['tokenize']['tokenizer_json']))
     return cfg
 
+def source_of(s) -> Source:
+    "The `Source` of a [[source]] table, made once per run so the space check and ingest share one walk of its files."
+    if s.get('urls'): return Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS})  # its files come mid-run
+    if '_source' not in s: s['_source'] = Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS})
+    return s['_source']
+
 def source_stages(s, out, params):
     "The stages of one source, built one at a time: ingest, fused step chains, dedup's three stages."
     work = Path(out)/'work'/s['name']
     if s.get('urls'):
         yield DownloadStage(s['name'], s['urls'], s['download_to'], s.get('sha256', ()), s.get('manifest'))
-    stage = IngestStage(Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS}), work/'00_ingest')
+    stage = IngestStage(source_of(s), work/'00_ingest')
     yield stage
     prev, chain, k = stage.out, [], 1
     def flush(chain, prev, k):
@@ -226,25 +232,29 @@ def source_stages(s, out, params):
         prev = st.out
     s['_final'] = prev
 
+TOKENIZE_DEFAULTS = dict(enabled=True, vocab_size=8192, sample_bytes=64 << 20, tokenizer_json=None)
+LONG_DEFAULTS = dict(enabled=True, min_tokens=2048)
+
+def section(cfg, name) -> dict:
+    "A config's `[tokenize]` or `[long]` table over its defaults: the one place a default lives."
+    return {**{'tokenize': TOKENIZE_DEFAULTS, 'long': LONG_DEFAULTS}[name], **cfg.get(name, {})}
+
 def tokenizes(cfg) -> bool:
     "Whether a run goes on to tokenize (`[tokenize] enabled = false` stops it after the sources' last stages)."
-    return cfg.get('tokenize', {}).get('enabled', True)
+    return section(cfg, 'tokenize')['enabled']
 
 def pipeline_stages(cfg):
     "Every stage of a config in order: each source's chain, then (unless switched off) tokenizer, token shards, long."
     out, params = Path(cfg['pipeline']['out']), cfg.get('params', {})
     for s in cfg['source']: yield from source_stages(s, out, params)
     if not tokenizes(cfg): return
-    finals = [s['_final'] for s in cfg['source']]
-    tk = cfg.get('tokenize', {})
-    tt = TrainTokenizer(finals, out / 'tokenizer', tk.get('vocab_size', 8192), tk.get('sample_bytes', 64 << 20),
-                        tk.get('tokenizer_json'))
+    finals, tk, lg = [s['_final'] for s in cfg['source']], section(cfg, 'tokenize'), section(cfg, 'long')
+    tt = TrainTokenizer(finals, out / 'tokenizer', tk['vocab_size'], tk['sample_bytes'], tk['tokenizer_json'])
     yield tt
     for s in cfg['source']: yield Tokenize(s['_final'], out/'tokens'/s['name'], tt.path)
-    if cfg.get('long', {}).get('enabled', True):
+    if lg['enabled']:
         for s in cfg['source']:
-            n = cfg.get('long', {}).get('min_tokens', 2048)
-            yield Long(s['_final'], out/'tokens'/'long', tt.path, n, s['name'], tokens=out/'tokens'/s['name'])
+            yield Long(s['_final'], out/'tokens'/'long', tt.path, lg['min_tokens'], s['name'], tokens=out/'tokens'/s['name'])
 
 def stage_row(st, recs, seconds, out) -> str:
     "The stage table's row: tasks, seconds, records in, kept and set aside, and the folder of the set-aside records."
@@ -273,6 +283,7 @@ def run_pipeline(cfg, executor=None, log=print) -> list:
             log(stage_row(st, r, time.perf_counter() - t0, cfg['pipeline']['out']))
     finally:
         if executor is None: ex.close()  # the pool we started (one for all stages)
+        for s in cfg['source']: s.pop('_source', None)  # a later run walks the inputs as they are then
     atomic_write_bytes(Path(cfg['pipeline']['out'], 'markers.json'), json.dumps(recs).encode())
     return recs
 
@@ -294,7 +305,7 @@ def zstd_ratio(path, n=1 << 16):
 
 def source_text(s, files_sampled=32) -> tuple:
     "(bytes of text, zstd ratio) of a source's inputs: their sizes (packed ones scaled), the ratio of a sample."
-    files = [f for _, fs, _ in Source(**{k: v for k, v in s.items() if k in SOURCE_KEYS}).units() for f in fs]
+    files = [f for _, fs, _ in source_of(s).units() for f in fs]
     size = {f: os.path.getsize(f) * PACKED.get(Path(f).suffix, 1.0) for f in files}
     step = max(1, len(files) // files_sampled)
     sampled = files[::step][:files_sampled] if s['kind'] != 'parquet' else []
@@ -304,8 +315,7 @@ def source_text(s, files_sampled=32) -> tuple:
 
 def run_estimate(cfg) -> tuple:
     "({folder: bytes} of the ingest copies, {folder: bytes} of everything if every document is kept)."
-    out, tk = Path(cfg['pipeline']['out']), cfg.get('tokenize', {})
-    vocab = tk.get('vocab_size', 8192)
+    out, vocab = Path(cfg['pipeline']['out']), section(cfg, 'tokenize')['vocab_size']
     token_bytes = (2 if vocab <= 1 << 16 else 4) / bytes_per_token(vocab)
     sure, full = Counter(), Counter()
     for s in cfg['source']:
@@ -318,7 +328,7 @@ def run_estimate(cfg) -> tuple:
         full[work] += text * (ratio * (1 + chains + st.count('dedup')) + DEDUP_WORK_PER_BYTE * st.count('dedup'))
         if not tokenizes(cfg): continue
         full[out/'tokens'/s['name']] += text * token_bytes
-        if cfg.get('long', {}).get('enabled', True): full[out/'tokens'/'long'] += text * token_bytes
+        if section(cfg, 'long')['enabled']: full[out/'tokens'/'long'] += text * token_bytes
     return {k: int(v) for k, v in sure.items()}, {k: int(v) for k, v in full.items()}
 
 def tree_bytes(folder) -> int:
@@ -375,9 +385,11 @@ def check_writable(folder):
         raise UsageError(f'cannot write to {folder}: {e.strerror} ({errno.errorcode.get(e.errno)})') from None
 
 def data_main(argv=()):
-    "apex3 data: run the pipeline (`run CONFIG`, `demo`, `corpus`) or one stage; a failure of the machine is one line."
+    "apex3 data: run the pipeline (`run CONFIG`, `demo`, `corpus`) or one stage; a file-system failure is one line."
     try: return _data_main(argv)
-    except OSError as e: raise UsageError(fs_error_line(e)) from None
+    except OSError as e:
+        if not is_fs_error(e): raise  # not the file system (a socket, a bug): `run_command` keeps its traceback
+        raise UsageError(fs_error_line(e)) from None
     except WorkerDied as e: raise UsageError(str(e)) from None
 
 def _data_main(argv):

@@ -11,10 +11,10 @@ from collections import Counter, namedtuple
 __all__ = ['SECRET_PLUGINS', 'VALUE_GROUP_KINDS', 'PEM_RE', 'JWT_RE', 'AWS_SECRET_RE', 'ASSIGN_QUOTED_RE', 'ASSIGN_BARE_RE',
            'BESIDE_WORD_RE', 'EMAIL_RE', 'IPV4_RE', 'IPV6_RE', 'Rule', 'CLOUD', 'CODE_HOST', 'CHAT', 'PAYMENT',
            'REGISTRY', 'SAAS', 'AUTH_HEADER', 'CONNECTION', 'JWT', 'PRIVATE_KEY', 'PHONE_INTL_RE', 'PHONE_NAMED_RE',
-           'PHONE', 'FAMILY_RULES', 'PHONE_RULES', 'FAMILIES', 'secret_patterns', 'shannon_bits', 'class_changes',
-           'high_entropy', 'aws_shaped', 'plain_value', 'is_public_ip', 'own_patterns', 'replace_all', 'rule', 'vendor',
-           'pem_inside', 'basic_pair', 'tokenish', 'phone_shaped', 'placeholder', 'apply_rules', 'without_basic_auth',
-           'scrub', 'redacted_preview']
+           'PHONE', 'FAMILY_RULES', 'PHONE_RULES', 'FAMILIES', 'COVERED_PLUGINS', 'secret_patterns', 'shannon_bits',
+           'class_changes', 'high_entropy', 'aws_shaped', 'plain_value', 'is_public_ip', 'own_patterns', 'replace_all',
+           'rule', 'vendor', 'pem_inside', 'basic_pair', 'tokenish', 'phone_shaped', 'placeholder', 'apply_rules',
+           'uncovered_plugins', 'secret_steps', 'scrub', 'redacted_preview']
 
 # %% ../../nbs/50a_scrub.ipynb #5d66e52d
 SECRET_PLUGINS = ('AWSKeyDetector', 'AzureStorageKeyDetector', 'BasicAuthDetector', 'DiscordBotTokenDetector',
@@ -345,10 +345,21 @@ def apply_rules(text, rules, counts) -> str:
             low = None
     return text
 
-def without_basic_auth(plugins, rules) -> tuple:
-    "`plugins` less detect-secrets' basic-auth plugin when `rules` hold `URL_PASSWORD` (which finds those passwords)."
-    if not any(r.kind == 'URL_PASSWORD' for r in rules): return tuple(plugins)
-    return tuple(p for p in plugins if p != 'BasicAuthDetector')
+COVERED_PLUGINS = {'BasicAuthDetector': 'URL_PASSWORD', 'JwtTokenDetector': 'JSON_WEB_TOKEN'}
+
+def uncovered_plugins(plugins, rules) -> tuple:
+    "`plugins` less each detect-secrets plugin whose finds a rule of `rules` makes (`COVERED_PLUGINS`: plugin -> kind)."
+    kinds = {r.kind for r in rules}
+    return tuple(p for p in plugins if COVERED_PLUGINS.get(p) not in kinds)
+
+@functools.lru_cache(maxsize=16)
+def secret_steps(rules, plugins) -> tuple:
+    """(kind, regex, group, check) of what runs after `rules`, in order: the scrubber's own first patterns that no rule
+    holds, the uncovered detect-secrets plugins' regexes, the own keyword patterns (worked out once per `rules`)."""
+    first, then = own_patterns()
+    held = {r.pattern for r in rules}
+    return (tuple(x for x in first if x[1] not in held)
+            + tuple((k, p, g, None) for k, p, g in secret_patterns(uncovered_plugins(plugins, rules))) + then)
 
 def scrub(text, counts=None, secrets=True, emails=True, ips=True, phones=True, plugins=SECRET_PLUGINS,
           rules=FAMILY_RULES) -> str:
@@ -360,11 +371,9 @@ def scrub(text, counts=None, secrets=True, emails=True, ips=True, phones=True, p
         if n: counts[kind] += n
     if secrets:
         text = apply_rules(text, rules, counts)
-        plugins = without_basic_auth(plugins, rules)
-        first, then = own_patterns()
         low = text.lower()
         hinted = any(h in low for h in _HINTS)  # a substring test is far cheaper than a case-blind alternation
-        for kind, p, g, chk in first + tuple((k, p, g, None) for k, p, g in secret_patterns(plugins)) + then:
+        for kind, p, g, chk in secret_steps(tuple(rules), tuple(plugins)):
             if hinted or p not in _NEEDS_HINT: run(kind, p, g, chk)
     if emails: run('EMAIL', EMAIL_RE, ph='<EMAIL>')
     if ips:

@@ -10,7 +10,8 @@ import numpy as np, pandas as pd
 
 # %% auto #0
 __all__ = ['load_markers', 'source_of', 'removals', 'throughput', 'token_stats', 'doc_lengths', 'rates', 'summary', 'plot_run',
-           'bench_records', 'plot_compare', 'removal_account', 'account_table']
+           'speed_records', 'speed_summary', 'plot_speed', 'ratio_lines', 'latest_against', 'scaling_table',
+           'plot_disagree', 'disagree_table', 'bench_records', 'plot_compare', 'removal_account', 'account_table']
 
 # %% ../../nbs/5c_stats.ipynb #6f15b7a9
 def load_markers(out) -> list:
@@ -140,6 +141,116 @@ def plot_run(out, recs=None):
     fig.tight_layout()
     return fig
 
+# %% ../../nbs/5c_stats.ipynb #eb8ced06
+def speed_records(kind='data_speed', path='data_speed.jsonl', commit=None) -> pd.DataFrame:
+    "Records of one kind from `records/data_speed.jsonl`, of `commit` (default: the last record's; 'all': every one)."
+    from apex3.records import load_records
+    recs = load_records(path, kind)
+    if not recs: return pd.DataFrame()
+    commit = commit or recs[-1].get('git_commit')
+    return pd.DataFrame([r for r in recs if commit == 'all' or r.get('git_commit') == commit])
+
+def speed_summary(df, base='apex3') -> pd.DataFrame:
+    """Per (size, task, workers, impl), over the runs that are figures: median, min and max of whole-process CPU seconds,
+    the median of the stage sums, the ratio of each median to `base`'s one-worker median for the same size and task
+    (with the min and max of the ratio over repeats paired by repeat), and the 1-minute load range over those runs."""
+    f = df[df.figure].assign(load_lo=lambda d: d.apply(lambda r: min(r.loadavg_before[0], r.loadavg_after[0]), axis=1),
+                             load_hi=lambda d: d.apply(lambda r: max(r.loadavg_before[0], r.loadavg_after[0]), axis=1))
+    g = f.groupby(['size_mb', 'task', 'workers', 'impl'])
+    out = pd.DataFrame({'runs': g.size(), 'cpu_median': g.proc_cpu_s.median(), 'cpu_min': g.proc_cpu_s.min(),
+                        'cpu_max': g.proc_cpu_s.max(), 'stage_cpu_median': g.stage_cpu_s.median(),
+                        'wall_median': g.proc_wall_s.median(), 'load_min': g.load_lo.min(), 'load_max': g.load_hi.max()})
+    b = f[(f.impl == base) & (f.workers == 1)].set_index(['size_mb', 'task', 'repeat']).proc_cpu_s
+    paired = f.join(b.rename('base_cpu'), on=['size_mb', 'task', 'repeat']).assign(r=lambda d: d.proc_cpu_s / d.base_cpu)
+    pg = paired.groupby(['size_mb', 'task', 'workers', 'impl']).r
+    bm = out.xs((1, base), level=('workers', 'impl')).cpu_median
+    out['ratio'] = [row.cpu_median / bm.get((k[0], k[1]), np.nan) for k, row in out.iterrows()]
+    out['ratio_min'], out['ratio_max'] = pg.min(), pg.max()
+    return out.reset_index()
+
+def plot_speed(summary):
+    "Median whole-process CPU seconds per task and tool, one panel per input size; bars span min to max."
+    import matplotlib.pyplot as plt
+    sizes = sorted(summary.size_mb.unique())
+    fig, axs = plt.subplots(1, len(sizes), figsize=(7 * len(sizes), 3.6), squeeze=False)
+    for ax, size in zip(axs[0], sizes):
+        s = summary[(summary.size_mb == size) & (summary.workers == 1)]
+        tasks, impls = sorted(s.task.unique()), [i for i in ('apex3', 'matched', 'stock') if i in set(s.impl)]
+        h = 0.8 / len(impls)
+        for k, impl in enumerate(impls):
+            r = s[s.impl == impl].set_index('task').reindex(tasks)
+            y = np.arange(len(tasks)) + k * h
+            ax.barh(y, r.cpu_median, h, xerr=[r.cpu_median - r.cpu_min, r.cpu_max - r.cpu_median], label=impl, capsize=3)
+        ax.set_yticks(np.arange(len(tasks)) + h * (len(impls) - 1) / 2, tasks)
+        ax.set_xscale('log'); ax.set_xlabel('CPU seconds, whole process (log)')
+        ax.set_title(f'{size} MB per source, load {s.load_min.min():.1f}-{s.load_max.max():.1f}')
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+def ratio_lines(summary, base='apex3') -> list:
+    "One sentence per (size, task, other tool): the ratio of medians to `base`, its range over repeats, the load."
+    s = summary[(summary.workers == 1) & (summary.impl != base)]
+    return [f"{r.size_mb} MB {r.task}: {r.impl} uses {r.ratio:.2f}x apex3's CPU (per repeat {r.ratio_min:.2f}-"
+            f"{r.ratio_max:.2f}, {r.runs} runs, load {r.load_min:.1f}-{r.load_max:.1f})" for r in s.itertuples()
+            if not np.isnan(r.ratio)]
+
+# %% ../../nbs/5c_stats.ipynb #786b842b
+def latest_against(df, other='matched') -> pd.DataFrame:
+    """Per (size, task): the median whole-process CPU of apex3's latest measured commit (one worker) beside `other`'s
+    latest, the commits, and the ratio; `interleaved` is whether both come from the same commit's runs."""
+    f = df[df.figure & (df.workers == 1)]
+    order = {c: k for k, c in enumerate(dict.fromkeys(f.git_commit))}  # commits in the order they were measured
+    def latest(g): return g[g.git_commit.map(order) == g.git_commit.map(order).max()]
+    rows = []
+    for (size, task), g in f.groupby(['size_mb', 'task']):
+        a, o = latest(g[g.impl == 'apex3']), latest(g[g.impl == other])
+        if len(a) and len(o):
+            rows.append(dict(size_mb=size, task=task, apex3_commit=a.git_commit.iloc[0][:10], apex3_cpu=a.proc_cpu_s.median(),
+                             apex3_runs=len(a), other=other, other_commit=o.git_commit.iloc[0][:10],
+                             other_cpu=o.proc_cpu_s.median(), other_runs=len(o),
+                             ratio=o.proc_cpu_s.median() / a.proc_cpu_s.median(),
+                             interleaved=a.git_commit.iloc[0] == o.git_commit.iloc[0]))
+    return pd.DataFrame(rows)
+
+# %% ../../nbs/5c_stats.ipynb #4a976b68
+def scaling_table(df) -> pd.DataFrame:
+    "apex3's one- and two-worker runs paired by repeat, per (size, task): CPU ratio, wall efficiency T1 / (2 T2), load."
+    a = df[(df.impl == 'apex3') & df.figure & df.workers.isin([1, 2])]
+    w = a.pivot_table(index=['size_mb', 'task', 'repeat'], columns='workers', values=['proc_cpu_s', 'proc_wall_s'])
+    if 2 not in w.columns.get_level_values(1): return pd.DataFrame()
+    w = w.dropna()
+    r = pd.DataFrame({'cpu_ratio': w.proc_cpu_s[2] / w.proc_cpu_s[1],
+                      'efficiency': w.proc_wall_s[1] / (2 * w.proc_wall_s[2])})
+    load = a.groupby(['size_mb', 'task']).loadavg_before.agg(lambda l: (min(x[0] for x in l), max(x[0] for x in l)))
+    g = r.groupby(level=['size_mb', 'task'])
+    return pd.DataFrame({'pairs': g.size(), 'cpu_ratio_median': g.cpu_ratio.median(), 'efficiency_median': g.efficiency.median(),
+                         'efficiency_min': g.efficiency.min(), 'efficiency_max': g.efficiency.max(),
+                         'load': load}).reset_index()
+
+# %% ../../nbs/5c_stats.ipynb #4f522c95
+def plot_disagree(dis, threshold=0.7):
+    "CDF of the nearest-kept Jaccard of the documents each tool removed and the other kept, one panel per source."
+    import matplotlib.pyplot as plt
+    srcs = sorted(dis.source.unique())
+    fig, axs = plt.subplots(1, len(srcs), figsize=(6.5 * len(srcs), 3.6), squeeze=False)
+    for ax, src in zip(axs[0], srcs):
+        for r in dis[dis.source == src].itertuples():
+            j = np.sort(r.jaccard)
+            if len(j): ax.step(j, np.arange(1, len(j) + 1) / len(j), where='post', label=f'{r.remover} removes, {r.keeper} keeps ({len(j)})')
+        ax.axvline(threshold, color='k', ls='--', lw=1, label=f'apex3 threshold {threshold}')
+        ax.set_xlim(0, 1.02); ax.set_xlabel('exact 5-gram Jaccard to the nearest kept document'); ax.set_ylabel('fraction')
+        ax.set_title(f'dedup, {src}, {dis.size_mb.iloc[0]} MB'); ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+def disagree_table(dis, threshold=0.7) -> pd.DataFrame:
+    "Per (source, remover, keeper): how many removals the other kept, and how many have no kept neighbour at `threshold`."
+    return pd.DataFrame([dict(source=r.source, remover=r.remover, keeper=r.keeper, removed=r.removed_by_remover,
+                              only_this_tool=r.only, below_threshold=int(sum(j < threshold for j in r.jaccard)),
+                              median_jaccard=float(np.median(r.jaccard)) if r.jaccard else np.nan)
+                         for r in dis.itertuples()])
+
 # %% ../../nbs/5c_stats.ipynb #78a00e30
 def bench_records(kind='data_compare', path='data.jsonl') -> pd.DataFrame:
     "The latest run's records of one kind from `records/data.jsonl` (an empty frame when there are none)."
@@ -147,16 +258,13 @@ def bench_records(kind='data_compare', path='data.jsonl') -> pd.DataFrame:
     return pd.DataFrame(latest_run(load_records(path, kind)))
 
 def plot_compare(df):
-    "apex3 beside datatrove per task: documents/s and MB/s per core, and dedup recall on the planted pairs."
+    "Dedup recall on the planted pairs per task and implementation (the embedded corpus's single run)."
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(1, 3, figsize=(17, 4))
-    for a, col, lab in ((ax[0], 'docs_per_s_core', 'documents/s per core'), (ax[1], 'mb_per_s_core', 'MB/s per core')):
-        df.pivot(index='task', columns='impl', values=col).plot.barh(ax=a, logx=True)
-        a.set_xlabel(lab + ' (log)')
+    fig, ax = plt.subplots(figsize=(7, 3))
     dd = df[df.task.str.startswith('dedup:')]
-    dd.pivot(index='task', columns='impl', values='recall').plot.barh(ax=ax[2], xlim=(0, 1.05))
-    ax[2].set_xlabel('near-duplicate recall')
-    fig.suptitle(f"apex3 vs datatrove {df.datatrove.iloc[0]}, one core, load {df.loadavg_start.iloc[0][0]:.1f}")
+    dd.pivot(index='task', columns='impl', values='recall').plot.barh(ax=ax, xlim=(0, 1.05))
+    ax.set_xlabel('near-duplicate recall on the planted pairs')
+    fig.suptitle(f"apex3 vs datatrove {df.datatrove.iloc[0]}, embedded corpus")
     fig.tight_layout()
     return fig
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, os
 from pathlib import Path
 import numpy as np
-from .core import Document, Stage, list_shards, read_docs, atomic_write_bytes, without_surrogates
+from .core import Document, Stage, list_shards, read_docs, atomic_write_bytes
 
 # %% auto #0
 __all__ = ['EOS', 'SPECIAL_TOKENS', 'train_bpe', 'load_tokenizer', 'token_dtype', 'sample_texts', 'TrainTokenizer',
@@ -54,7 +54,7 @@ def sample_texts(dirs, sample_bytes):
                 its.remove(it)
                 continue
             total += len(d.text)
-            yield without_surrogates(d.text)  # ingest repairs them; a shard from elsewhere may still hold one
+            yield d.text  # ingest has replaced every lone surrogate (the only way documents enter a run)
 
 class TrainTokenizer(Stage):
     "Train (or copy) the tokenizer on samples of the document folders `srcs`; writes `out/tokenizer.json`."
@@ -116,7 +116,7 @@ class Tokenize(Stage):
     def task_name(self, i): return Path(self.shards[i]).name.removesuffix('.jsonl.zst')
     def run(self, i):
         tok = load_tokenizer(self.tokenizer)
-        texts = [without_surrogates(d.text) for d in read_docs(self.shards[i])]
+        texts = [d.text for d in read_docs(self.shards[i])]  # ingest repaired them
         ids = encode_docs(tok, texts, tok.token_to_id(EOS))
         n = write_token_shard(Path(self.out)/self.task_name(i), ids, tok.get_vocab_size())
         write_token_meta(self.out, tok, self.tokenizer)

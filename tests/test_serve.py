@@ -306,6 +306,7 @@ def test_compiled_batcher_rounds_rows_up_and_matches():
     rows = [[3, 1, 4], [1, 5, 9, 2], [6, 5], [3, 5, 8, 9, 7], [9, 3]]
     want = [Generator(tiny, 32, 1, compile=False).generate([r], 6 + i)[0] for i, r in enumerate(rows)]
     torch._dynamo.reset()
+    counters.clear()   # the counters are the process's: a test before this one in the same worker compiled too
     b = Batcher(tiny, max_batch=4, max_len=32, compile='eager')
     outs = [queue.Queue() for _ in rows]
     for i, r in enumerate(rows): b.submit(Job(r, Params(max_tokens=6 + i, temperature=0), frozenset(), outs[i].put))

@@ -1786,6 +1786,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'apex3.serve_bench.NumberTokenizer.encode': ( 'serve_bench.html#numbertokenizer.encode',
                                                                                  'apex3/serve_bench.py'),
                                    'apex3.serve_bench._timed_requests': ('serve_bench.html#_timed_requests', 'apex3/serve_bench.py'),
+                                   'apex3.serve_bench.at_least': ('serve_bench.html#at_least', 'apex3/serve_bench.py'),
                                    'apex3.serve_bench.bench_serve': ('serve_bench.html#bench_serve', 'apex3/serve_bench.py'),
                                    'apex3.serve_bench.plot_serve': ('serve_bench.html#plot_serve', 'apex3/serve_bench.py'),
                                    'apex3.serve_bench.serve_table': ('serve_bench.html#serve_table', 'apex3/serve_bench.py')},

@@ -24,7 +24,8 @@ STOP_WORDS = frozenset('the be to of and that have with'.split())
 TERMINAL = ('.', '!', '?', '"', "'", '”', '’', '…', ':')
 _LETTERISH = re.compile(r'[^\W\d_]')  # letters, and the few digits and numerals that are not decimal
 _ASCII_SPACE = ''.join(c for c in map(chr, range(128)) if c.isspace())  # what `str.split` splits ASCII text on
-_LETTER_TO_A = bytes.maketrans(string.ascii_letters.encode() + _ASCII_SPACE.encode(), b'a' * 52 + b' ' * len(_ASCII_SPACE))
+_LETTER_TO_A = bytes.maketrans(string.ascii_letters.encode() + _ASCII_SPACE.encode(),
+                               b'a' * 52 + b' ' * len(_ASCII_SPACE))
 _NOT_LETTER_OR_SPACE = bytes(c for c in range(128) if not chr(c).isalpha() and not chr(c).isspace())
 
 def _has_letter(w) -> bool:

@@ -254,7 +254,8 @@ def pipeline_stages(cfg):
     for s in cfg['source']: yield Tokenize(s['_final'], out/'tokens'/s['name'], tt.path)
     if lg['enabled']:
         for s in cfg['source']:
-            yield Long(s['_final'], out/'tokens'/'long', tt.path, lg['min_tokens'], s['name'], tokens=out/'tokens'/s['name'])
+            yield Long(s['_final'], out/'tokens'/'long', tt.path, lg['min_tokens'], s['name'],
+                       tokens=out/'tokens'/s['name'])
 
 def stage_row(st, recs, seconds, out) -> str:
     "The stage table's row: tasks, seconds, records in, kept and set aside, and the folder of the set-aside records."

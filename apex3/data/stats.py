@@ -151,7 +151,8 @@ def speed_records(kind='data_speed', path='data_speed.jsonl', commit=None) -> pd
     return pd.DataFrame([r for r in recs if commit == 'all' or r.get('git_commit') == commit])
 
 def speed_summary(df, base='apex3') -> pd.DataFrame:
-    """Per (size, task, workers, impl), over the runs that are figures: median, min and max of whole-process CPU seconds,
+    """Per (size, task, workers, impl), over the runs that are figures: median, min and max of whole-process CPU
+    seconds,
     the median of the stage sums, the ratio of each median to `base`'s one-worker median for the same size and task
     (with the min and max of the ratio over repeats paired by repeat), and the 1-minute load range over those runs."""
     f = df[df.figure].assign(load_lo=lambda d: d.apply(lambda r: min(r.loadavg_before[0], r.loadavg_after[0]), axis=1),
@@ -159,9 +160,11 @@ def speed_summary(df, base='apex3') -> pd.DataFrame:
     g = f.groupby(['size_mb', 'task', 'workers', 'impl'])
     out = pd.DataFrame({'runs': g.size(), 'cpu_median': g.proc_cpu_s.median(), 'cpu_min': g.proc_cpu_s.min(),
                         'cpu_max': g.proc_cpu_s.max(), 'stage_cpu_median': g.stage_cpu_s.median(),
-                        'wall_median': g.proc_wall_s.median(), 'load_min': g.load_lo.min(), 'load_max': g.load_hi.max()})
+                        'wall_median': g.proc_wall_s.median(), 'load_min': g.load_lo.min(),
+                        'load_max': g.load_hi.max()})
     b = f[(f.impl == base) & (f.workers == 1)].set_index(['size_mb', 'task', 'repeat']).proc_cpu_s
-    paired = f.join(b.rename('base_cpu'), on=['size_mb', 'task', 'repeat']).assign(r=lambda d: d.proc_cpu_s / d.base_cpu)
+    paired = (f.join(b.rename('base_cpu'), on=['size_mb', 'task', 'repeat'])
+              .assign(r=lambda d: d.proc_cpu_s / d.base_cpu))
     pg = paired.groupby(['size_mb', 'task', 'workers', 'impl']).r
     bm = out.xs((1, base), level=('workers', 'impl')).cpu_median
     out['ratio'] = [row.cpu_median / bm.get((k[0], k[1]), np.nan) for k, row in out.iterrows()]
@@ -180,9 +183,11 @@ def plot_speed(summary):
         for k, impl in enumerate(impls):
             r = s[s.impl == impl].set_index('task').reindex(tasks)
             y = np.arange(len(tasks)) + k * h
-            ax.barh(y, r.cpu_median, h, xerr=[r.cpu_median - r.cpu_min, r.cpu_max - r.cpu_median], label=impl, capsize=3)
+            ax.barh(y, r.cpu_median, h, xerr=[r.cpu_median - r.cpu_min, r.cpu_max - r.cpu_median], label=impl,
+                    capsize=3)
         ax.set_yticks(np.arange(len(tasks)) + h * (len(impls) - 1) / 2, tasks)
-        ax.set_xscale('log'); ax.set_xlabel('CPU seconds, whole process (log)')
+        ax.set_xscale('log')
+        ax.set_xlabel('CPU seconds, whole process (log)')
         ax.set_title(f'{size} MB per source, load {s.load_min.min():.1f}-{s.load_max.max():.1f}')
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -206,7 +211,8 @@ def latest_against(df, other='matched') -> pd.DataFrame:
     for (size, task), g in f.groupby(['size_mb', 'task']):
         a, o = latest(g[g.impl == 'apex3']), latest(g[g.impl == other])
         if len(a) and len(o):
-            rows.append(dict(size_mb=size, task=task, apex3_commit=a.git_commit.iloc[0][:10], apex3_cpu=a.proc_cpu_s.median(),
+            rows.append(dict(size_mb=size, task=task, apex3_commit=a.git_commit.iloc[0][:10],
+                             apex3_cpu=a.proc_cpu_s.median(),
                              apex3_runs=len(a), other=other, other_commit=o.git_commit.iloc[0][:10],
                              other_cpu=o.proc_cpu_s.median(), other_runs=len(o),
                              ratio=o.proc_cpu_s.median() / a.proc_cpu_s.median(),
@@ -224,7 +230,8 @@ def scaling_table(df) -> pd.DataFrame:
                       'efficiency': w.proc_wall_s[1] / (2 * w.proc_wall_s[2])})
     load = a.groupby(['size_mb', 'task']).loadavg_before.agg(lambda l: (min(x[0] for x in l), max(x[0] for x in l)))
     g = r.groupby(level=['size_mb', 'task'])
-    return pd.DataFrame({'pairs': g.size(), 'cpu_ratio_median': g.cpu_ratio.median(), 'efficiency_median': g.efficiency.median(),
+    return pd.DataFrame({'pairs': g.size(), 'cpu_ratio_median': g.cpu_ratio.median(),
+                         'efficiency_median': g.efficiency.median(),
                          'efficiency_min': g.efficiency.min(), 'efficiency_max': g.efficiency.max(),
                          'load': load}).reset_index()
 
@@ -237,15 +244,18 @@ def plot_disagree(dis, threshold=0.7):
     for ax, src in zip(axs[0], srcs):
         for r in dis[dis.source == src].itertuples():
             j = np.sort(r.jaccard)
-            if len(j): ax.step(j, np.arange(1, len(j) + 1) / len(j), where='post', label=f'{r.remover} removes, {r.keeper} keeps ({len(j)})')
+            if len(j): ax.step(j, np.arange(1, len(j) + 1) / len(j), where='post',
+                               label=f'{r.remover} removes, {r.keeper} keeps ({len(j)})')
         ax.axvline(threshold, color='k', ls='--', lw=1, label=f'apex3 threshold {threshold}')
-        ax.set_xlim(0, 1.02); ax.set_xlabel('exact 5-gram Jaccard to the nearest kept document'); ax.set_ylabel('fraction')
-        ax.set_title(f'dedup, {src}, {dis.size_mb.iloc[0]} MB'); ax.legend(fontsize=7)
+        ax.set(xlim=(0, 1.02), xlabel='exact 5-gram Jaccard to the nearest kept document', ylabel='fraction',
+               title=f'dedup, {src}, {dis.size_mb.iloc[0]} MB')
+        ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
 def disagree_table(dis, threshold=0.7) -> pd.DataFrame:
-    "Per (source, remover, keeper): how many removals the other kept, and how many have no kept neighbour at `threshold`."
+    """Per (source, remover, keeper): how many removals the other kept, and how many have no kept neighbour at
+    `threshold`."""
     return pd.DataFrame([dict(source=r.source, remover=r.remover, keeper=r.keeper, removed=r.removed_by_remover,
                               only_this_tool=r.only, below_threshold=int(sum(j < threshold for j in r.jaccard)),
                               median_jaccard=float(np.median(r.jaccard)) if r.jaccard else np.nan)

@@ -108,12 +108,12 @@ def mfu_bounds(rec, saved_s=()):
     step, the step's bytes on the host link and their floor at the run's own link speed, and the MFU with the step at
     that floor, less each of `saved_s` seconds a micro-batch, and with the step hidden."""
     from apex3.config import ModelConfig, param_counts
-    from apex3.offload.plan import per_param_bytes as _per_param
+    from apex3.offload.plan import per_param_bytes
     cfg, accum, micro = ModelConfig(**rec['cfg']), rec['flags']['accum'], rec['micro_s_median']
     counts = param_counts(cfg)
-    up, down = _per_param(cfg, counts, rec['flags']['offload_accum'], rec['flags'].get('offload_masters', 'fp32'))
-    host_params = counts['total'] - rec['opt_gpu_gib'] * GiB / _per_param(cfg, counts, rec['flags']['offload_accum'],
-                                                                           'fp32')[0]   # kept whole on the GPU
+    up, down = per_param_bytes(cfg, counts, rec['flags']['offload_accum'], rec['flags'].get('offload_masters', 'fp32'))
+    whole = per_param_bytes(cfg, counts, rec['flags']['offload_accum'], 'fp32')[0]
+    host_params = counts['total'] - rec['opt_gpu_gib'] * GiB / whole   # kept whole on the GPU
     step_gb = max(up, down) * host_params / 1e9
     floor = step_gb / min(rec['h2d_gbs'], rec['d2h_gbs'])          # both directions at once, each at full speed
     work = rec['mfu_at_batch'] * rec['step_s_median']               # the step's FLOPs, in seconds at the peak

@@ -5,8 +5,8 @@ safetensors with a signed manifest, and reads its peers' from a shared folder or
 
 # %% auto #0
 __all__ = ['MANIFEST', 'POINTER', 'KEEP_ROUNDS', 'MANIFEST_LIMIT', 'SERVED', 'DELTA', 'HEADER_SLACK', 'GLOBAL_FILES', 'Rejected',
-           'sign', 'check_signature', 'round_dir', 'publish', 'publish_pointer', 'prune_rounds', 'DirPeer', 'HttpPeer',
-           'make_peer', 'serve_dir', 'fetch_payload', 'FilesTransport', 'toy_shapes', 'toy_pair', 'files_toy_main']
+           'sign', 'check_signature', 'round_dir', 'publish', 'prune_rounds', 'DirPeer', 'HttpPeer', 'make_peer',
+           'serve_dir', 'fetch_payload', 'FilesTransport', 'toy_shapes', 'toy_pair', 'files_toy_main']
 
 # %% ../../nbs/41_diloco_files.ipynb #5a6c16c9
 import hashlib, hmac, json, logging, os, re, shutil, threading, time
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as st_save, load as st_load
 from ..usage import UsageError
-from ..ckpt import SUMS, fsync_dir, write_sums, verify_checkpoint
+from ..ckpt import SUMS, fsync_dir, replace_file, write_sums, write_synced, verify_checkpoint
 from .core import SCALE, expected_encoding, payload_bytes, mean_of
 
 _log = logging.getLogger('apex3.diloco')
@@ -54,12 +54,6 @@ def _int(x, default=-1): return x if isinstance(x, int) and not isinstance(x, bo
 
 def round_dir(kind, rnd): return f'{kind}-{rnd:09d}'
 
-def _write(path, data: bytes):
-    with open(path, 'wb') as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
 def publish(root, name, files: dict, manifest: dict, key: bytes) -> dict:
     "Write `files` (name -> bytes) and their signed manifest as directory `root/name`, atomically; the manifest."
     root = Path(root)
@@ -69,20 +63,13 @@ def publish(root, name, files: dict, manifest: dict, key: bytes) -> dict:
     tmp.mkdir()
     listed = {f: dict(sha256=hashlib.sha256(b).hexdigest(), bytes=len(b)) for f, b in files.items()}
     m = sign({**manifest, 'files': listed}, key)
-    for f, b in files.items(): _write(tmp / f, b)
-    _write(tmp / MANIFEST, json.dumps(m).encode())
+    for f, b in files.items(): write_synced(tmp / f, b)
+    write_synced(tmp / MANIFEST, json.dumps(m).encode())
     fsync_dir(tmp)
     if (root / name).exists(): shutil.rmtree(root / name)   # the same round again (a resumed worker): same bytes
     os.replace(tmp, root / name)
     fsync_dir(root)
     return m
-
-def publish_pointer(root, m: dict):
-    "Replace `root/global.json` atomically with manifest `m` (already signed)."
-    tmp = Path(root) / f'.tmp-{POINTER}-{os.getpid()}'
-    _write(tmp, json.dumps(m).encode())
-    os.replace(tmp, Path(root) / POINTER)
-    fsync_dir(root)
 
 def prune_rounds(root, keep_from: int):
     "Remove round and global directories older than round `keep_from`."
@@ -280,7 +267,7 @@ class FilesTransport:
         m = dict(kind='global', round=dl.round, rank=self.rank, tokens=dl.tokens)
         m = publish(self.root, name, files, m, self.key)
         write_sums(self.root / name, {f: v['sha256'] for f, v in m['files'].items()})
-        publish_pointer(self.root, m)
+        replace_file(self.root / POINTER, json.dumps(m).encode())
         self.base = m['files'][GLOBAL_FILES[0]]['sha256']
         prune_rounds(self.root, dl.round - KEEP_ROUNDS)
 

@@ -879,6 +879,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'apex3.diloco.toy.shard_toy': ('diloco_toy.html#shard_toy', 'apex3/diloco/toy.py'),
                                   'apex3.diloco.toy.simulate': ('diloco_toy.html#simulate', 'apex3/diloco/toy.py'),
                                   'apex3.diloco.toy.spawn_dist_toy': ('diloco_toy.html#spawn_dist_toy', 'apex3/diloco/toy.py'),
+                                  'apex3.diloco.toy.toy_batch': ('diloco_toy.html#toy_batch', 'apex3/diloco/toy.py'),
                                   'apex3.diloco.toy.toy_model': ('diloco_toy.html#toy_model', 'apex3/diloco/toy.py'),
                                   'apex3.diloco.toy.toy_worker': ('diloco_toy.html#toy_worker', 'apex3/diloco/toy.py'),
                                   'apex3.diloco.toy.toy_worker_steps': ('diloco_toy.html#toy_worker_steps', 'apex3/diloco/toy.py')},

@@ -11,7 +11,6 @@ __all__ = ['PROTECTIONS', 'SANDBOX_UID', 'SANDBOX_PYTHON', 'SANDBOX_ENV', 'STAGI
 import contextlib, json, logging, os, secrets, shutil, resource, signal, socket, stat, subprocess, sys, tempfile
 import threading, time, weakref
 from dataclasses import dataclass, replace
-from fastcore.basics import patch
 from ..usage import UsageError, ArgParser, os_error_line, run_command
 
 # %% ../../nbs/62_sandbox.ipynb #1bce96bb
@@ -469,6 +468,18 @@ for name, soft, hard in json.loads(sys.argv[1]): resource.setrlimit(getattr(reso
 try: os.execvp(sys.argv[2], sys.argv[2:])
 except OSError as e: sys.stderr.write(f'sandbox: {sys.argv[2]}: {e.strerror}\\n'); os._exit(127)"""
 
+def _read_frames(sock, keep, outs):
+    "Demultiplex an attached container's stdout (1) and stderr (2), keeping `keep` bytes of each and reading on."
+    from docker.utils.socket import frames_iter
+    try:
+        for stream, data in frames_iter(sock, tty=False):
+            if stream not in (1, 2): continue
+            o = outs[stream - 1]
+            room = keep - len(o['data'])
+            o['data'] += data[:max(room, 0)]
+            o['cut'] |= len(data) > room
+    except OSError: pass  # the container was killed mid-frame
+
 class DockerSandbox(Sandbox):
     "Run commands in a hardened throwaway container; the workspace is a host folder bound at /workspace."
     backend = 'docker'
@@ -492,45 +503,30 @@ class DockerSandbox(Sandbox):
             volumes={self.workdir: dict(bind='/workspace', mode='rw')}, **mem,
             log_config=dict(type='none'))  # the output comes through the attached socket, cut at the byte budget
 
-# %% ../../nbs/62_sandbox.ipynb #589aa7a1
-def _read_frames(sock, keep, outs):
-    "Demultiplex an attached container's stdout (1) and stderr (2), keeping `keep` bytes of each and reading on."
-    from docker.utils.socket import frames_iter
-    try:
-        for stream, data in frames_iter(sock, tty=False):
-            if stream not in (1, 2): continue
-            o = outs[stream - 1]
-            room = keep - len(o['data'])
-            o['data'] += data[:max(room, 0)]
-            o['cut'] |= len(data) > room
-    except OSError: pass  # the container was killed mid-frame
-
-@patch
-def run(self: DockerSandbox, cmd, stdin=None, timeout=None):
-    "Run `cmd` in a fresh container; the container is removed afterwards whatever happened."
-    import docker, requests  # requests: the docker SDK's HTTP client
-    _check_cmd(cmd)
-    c, t0, timed_out = self._create(list(cmd)), time.monotonic(), False
-    outs = [dict(data=b'', cut=False) for _ in range(2)]
-    try:
-        sock = c.attach_socket(params=dict(stdin=1, stdout=1, stderr=1, stream=1))
-        reader = threading.Thread(target=_read_frames, args=(sock, self.limits.output_bytes, outs), daemon=True)
-        c.start()
-        reader.start()
+    def run(self, cmd, stdin=None, timeout=None):
+        "Run `cmd` in a fresh container; the container is removed afterwards whatever happened."
+        import docker, requests  # requests: the docker SDK's HTTP client
+        _check_cmd(cmd)
+        c, t0, timed_out = self._create(list(cmd)), time.monotonic(), False
+        outs = [dict(data=b'', cut=False) for _ in range(2)]
         try:
-            sock._sock.sendall((stdin or '').encode())
-            sock._sock.shutdown(socket.SHUT_WR)  # end of input for the command; its output still comes back
-        except OSError: pass  # the command ended without reading its input
-        try: rc = c.wait(timeout=timeout or self.limits.wall_s)['StatusCode']
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):  # the wall clock ran out
-            timed_out, rc = True, -signal.SIGKILL
-            try: c.kill()
-            except docker.errors.APIError: pass  # it ended just now
-        reader.join(timeout=5)
-        sock.close()
-        rc = 128 - rc if rc > 128 and not timed_out else rc
-        text = [o['data'].decode(errors='replace') for o in outs]
-        cut = any(o['cut'] for o in outs)
-        return SandboxResult(text[0], text[1], rc, timed_out, time.monotonic() - t0, cut, self.backend)
-    finally: c.remove(force=True)
-
+            sock = c.attach_socket(params=dict(stdin=1, stdout=1, stderr=1, stream=1))
+            reader = threading.Thread(target=_read_frames, args=(sock, self.limits.output_bytes, outs), daemon=True)
+            c.start()
+            reader.start()
+            try:
+                sock._sock.sendall((stdin or '').encode())
+                sock._sock.shutdown(socket.SHUT_WR)  # end of input for the command; its output still comes back
+            except OSError: pass  # the command ended without reading its input
+            try: rc = c.wait(timeout=timeout or self.limits.wall_s)['StatusCode']
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):  # the wall clock ran out
+                timed_out, rc = True, -signal.SIGKILL
+                try: c.kill()
+                except docker.errors.APIError: pass  # it ended just now
+            reader.join(timeout=5)
+            sock.close()
+            rc = 128 - rc if rc > 128 and not timed_out else rc
+            text = [o['data'].decode(errors='replace') for o in outs]
+            cut = any(o['cut'] for o in outs)
+            return SandboxResult(text[0], text[1], rc, timed_out, time.monotonic() - t0, cut, self.backend)
+        finally: c.remove(force=True)

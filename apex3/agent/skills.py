@@ -11,7 +11,6 @@ import html, logging, os, re, shutil, stat
 from dataclasses import dataclass, field
 from pathlib import Path
 import yaml
-from fastcore.basics import patch
 from .sandbox import get_sandbox
 
 # %% ../../nbs/64_skills.ipynb #382be21d
@@ -82,6 +81,17 @@ class Skill:
     def reference(self, name):
         "The text of references/NAME."
         return self._inside('references', name).read_text()
+
+    def run_script(self, name, args=(), sandbox=None, stdin=None, timeout=None):
+        "Run scripts/NAME in `sandbox` (a fresh default one when None), copied in by `place_scripts`; a SandboxResult."
+        script = self._inside('scripts', name)
+        sb = sandbox or get_sandbox()
+        try:
+            place_scripts(self, sb.workdir)
+            inside = f'/workspace/.skills/{self.name}/scripts/{script.relative_to((self.path / "scripts").resolve())}'
+            return sb.run(_RUNNERS.get(script.suffix, []) + [inside, *map(str, args)], stdin=stdin, timeout=timeout)
+        finally:
+            if sandbox is None: sb.close()
 
 # %% ../../nbs/64_skills.ipynb #486b86b3
 def load_skill(folder):
@@ -184,16 +194,4 @@ def place_scripts(skill, workdir):
         for fd in fds: os.close(fd)
 
 # %% ../../nbs/64_skills.ipynb #7b0e21c4
-_RUNNERS = {'.py': ['python3'], '.sh': ['sh']}
-
-@patch
-def run_script(skill: Skill, name, args=(), sandbox=None, stdin=None, timeout=None):
-    "Run scripts/NAME of `skill` in `sandbox` (a fresh default sandbox when None); a SandboxResult."
-    script = skill._inside('scripts', name)
-    sb = sandbox or get_sandbox()
-    try:
-        place_scripts(skill, sb.workdir)
-        inside = f'/workspace/.skills/{skill.name}/scripts/{script.relative_to((skill.path / "scripts").resolve())}'
-        return sb.run(_RUNNERS.get(script.suffix, []) + [inside, *map(str, args)], stdin=stdin, timeout=timeout)
-    finally:
-        if sandbox is None: sb.close()
+_RUNNERS = {'.py': ['python3'], '.sh': ['sh']}   # how `Skill.run_script` runs a script, by its suffix

@@ -168,14 +168,17 @@ def _listing(folder):
     return {os.path.relpath(os.path.join(t, n), folder) for t, ds, fs in os.walk(folder) for n in ds + fs}
 
 @contextlib.contextmanager
-def _small_disk(kb):
-    "A fresh folder that is a tmpfs of `kb` KiB, unmounted and removed after; skipped (reason printed) if not here."
+def _small_disk(kb, keep=None):
+    """A fresh folder that is a tmpfs of `kb` KiB, holding keep.txt with the text `keep` if given; unmounted and removed
+    after; skipped (reason printed) if not here."""
     d = tempfile.mkdtemp()
     p = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={kb}k', 'apex3-test', d], capture_output=True, text=True)
     try:
         if p.returncode:
             print(f'skipped: no tmpfs here ({p.stderr.strip()})')
             pytest.skip(f'no tmpfs here: {p.stderr.strip()}')
+        if keep is not None:
+            with open(os.path.join(d, 'keep.txt'), 'w') as f: f.write(keep)
         yield d
     finally:
         if not p.returncode: subprocess.run(['umount', d], check=True)
@@ -237,8 +240,7 @@ BIG = 'head -c 300000 /dev/zero > a; head -c 900000 /dev/zero > b; ln -s /etc/ho
 @needs_root
 def test_a_full_disk_during_copy_back_leaves_the_folder_as_it_was():
     "1.2 MB back into a 1 MiB folder: one line naming the file and ENOSPC, status 2, the folder as before the run."
-    with _small_disk(1024) as full:
-        with open(os.path.join(full, 'keep.txt'), 'w') as f: f.write('mine')
+    with _small_disk(1024, keep='mine') as full:
         before = set(os.listdir('/tmp'))
         rc, out, err = _cli('--workdir', full, '--disk', '8', '--', 'sh', '-c', BIG + '; echo done')
         assert (rc, out) == (2, 'done\n')   # the command's output is shown before the copy back
@@ -263,8 +265,7 @@ def _fill(path):
 @needs_root
 def test_with_room_the_run_comes_back_links_as_links():
     "The control of the full disk: the same run into 4 MiB takes the run's files, the link as a link."
-    with _small_disk(4096) as room:
-        with open(os.path.join(room, 'keep.txt'), 'w') as f: f.write('mine')
+    with _small_disk(4096, keep='mine') as room:
         sb = get_sandbox(wall_s=20, disk_mb=8, workdir=room)
         assert sb.run(['sh', '-c', BIG]).ok
         sb.close()

@@ -49,8 +49,9 @@ def _merge_call(calls, delta):
     if not isinstance(delta, dict): raise RemoteError('a tool_calls entry is not an object')
     c = calls.setdefault(delta.get('index', len(calls)), {'name': '', 'arguments': ''})
     f = delta.get('function') if isinstance(delta.get('function'), dict) else {}
-    c['name'] += f.get('name') or '' if isinstance(f.get('name') or '', str) else ''
-    c['arguments'] += f.get('arguments') or '' if isinstance(f.get('arguments') or '', str) else ''
+    text = lambda x: x if isinstance(x, str) else ''   # a server's null or non-text fragment adds nothing
+    c['name'] += text(f.get('name'))
+    c['arguments'] += text(f.get('arguments'))
 
 class RemoteModel:
     """A model behind an OpenAI-compatible chat endpoint: `chat(messages, tools, max_new)` yields its reply as the

@@ -1,4 +1,5 @@
-"Every generated module keeps lines within 120 characters and chains no statements with `;` (tools/style.py)."
+"""Every generated module keeps lines within 120 characters, chains no statements with `;` and uses no undefined name
+(tools/style.py)."""
 import importlib.util, pathlib, pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -11,6 +12,13 @@ def test_style_finds_what_it_should(tmp_path):
     f = tmp_path / 'm.py'
     f.write_text('x = 1; y = 2\ns = "a; b"  # c; d\n' + 'z = ' + '1 + ' * 40 + '1\n')
     assert style.style_problems(f) == [(1, '; chain'), (3, f'{4 + 4 * 40 + 1} characters')]
+
+def test_style_finds_undefined_names(tmp_path):
+    "A name only a notebook's test cell imported is undefined in the module; an imported one, a local or a builtin is not."
+    f = tmp_path / 'm.py'
+    f.write_text('from typing import Union\ndef f(x: Union[int, None], y: Optional[int] = None):\n    z = len(x)\n'
+                 '    return z + w\n')
+    assert style.style_problems(f) == [(2, "undefined name 'Optional'"), (4, "undefined name 'w'")]
 
 def test_style_skips_nbdevs_all(tmp_path):
     "nbdev wraps `__all__` at 120 characters and then prefixes `__all__ = `: that statement is not ours to wrap."

@@ -1,5 +1,6 @@
-"""Lines over 120 characters and `;`-chained statements in the generated modules (not `_modidx.py`).
-The `__all__` list nbdev writes is skipped: nbdev wraps it at 120 characters before prefixing `__all__ = `.
+"""Lines over 120 characters, `;`-chained statements and undefined names (pyflakes) in the generated modules (not
+`_modidx.py`). The `__all__` list nbdev writes is skipped: nbdev wraps it at 120 characters before prefixing `__all__ = `.
+A notebook runs its cells in one namespace, so a name that only a test cell imports works there and fails in the module.
 
     python tools/style.py [MODULE.py ...]   # prints `path:line: reason`, exits 1 when any
 """
@@ -16,7 +17,14 @@ def style_problems(path):
            if len(l) > MAX_LINE and i not in skip]
     toks = tokenize.generate_tokens(io.StringIO(text).readline)
     out += [(t.start[0], '; chain') for t in toks if t.type == tokenize.OP and t.string == ';']
-    return sorted(out)
+    return sorted(out + undefined_names(text, str(path)))
+
+def undefined_names(text, filename='<module>'):
+    "`(line, reason)` for each name pyflakes finds used and never defined."
+    from pyflakes.checker import Checker
+    from pyflakes.messages import UndefinedName
+    msgs = Checker(ast.parse(text), filename=filename).messages
+    return [(m.lineno, f'undefined name {m.message_args[0]!r}') for m in msgs if isinstance(m, UndefinedName)]
 
 def _all_lines(text):
     "Line numbers of the module-level `__all__ = [...]` statement (nbdev's, not ours)."

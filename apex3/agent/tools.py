@@ -10,7 +10,7 @@ __all__ = ['type_schema', 'function_schema', 'Unit', 'schema_examples', 'Tool', 
 import inspect, json, logging, os, re, subprocess, sys, tempfile, threading, time, types
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Literal, Optional, Union, get_args, get_origin, get_type_hints
 import jsonschema
 from .sandbox import SANDBOX_PYTHON, SandboxResult, get_sandbox
 

@@ -332,8 +332,8 @@ def family_cases(rng, rounds=2) -> list:
 # %% ../../nbs/55_redact.ipynb #dcb46078
 PLACEHOLDER_RE = re.compile(r'<(?:SECRET_[A-Z0-9_]+|EMAIL|PHONE|IP_ADDRESS)>')
 
-def family_recall(cases, found) -> 'pd.DataFrame':
-    "Per family: cases, found, recall (`found`: one bool per case)."
+def family_recall(cases, found):
+    "A pandas frame per family: cases, found, recall (`found`: one bool per case)."
     import pandas as pd
     df = pd.DataFrame(dict(family=[c['family'] for c in cases], found=found))
     per_family = df.groupby('family', sort=False).found.agg(cases='size', found='sum')

@@ -10,7 +10,7 @@ __all__ = ['DESCRIPTION', 'HEADLINE', 'DAY_MINUTES', 'demo_main', 'summary_lines
 import json, os, resource, sys, time
 from contextlib import contextmanager
 from pathlib import Path
-from .usage import ArgParser, in_range, run_command
+from .usage import ArgParser, probe_writable, in_range, run_command
 from .settings import check_not_empty
 
 # %% ../nbs/04_demo.ipynb #5c93159e
@@ -30,6 +30,7 @@ def demo_main(argv=()):
                    help='training steps that teach it the tool (default: %(default)s; times: records/demo.jsonl)')
     a = p.parse_args(argv)
     check_not_empty(vars(a))
+    probe_writable(a.out)   # an unwritable --out fails here, not after the plan is printed
     passive_openmp()
     out, timings = Path(a.out), {}
     with phase(timings, 'plan'):

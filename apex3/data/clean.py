@@ -5,7 +5,7 @@
 # %% ../../nbs/52_clean.ipynb #d1ed2bd1
 from __future__ import annotations
 import bisect, re, string
-from itertools import islice
+from itertools import islice, repeat
 from typing import Iterator
 import numpy as np
 from .core import Document, Step
@@ -20,7 +20,7 @@ __all__ = ['STOP_WORDS', 'TERMINAL', 'POLICY', 'GENERATED', 'words_of', 'letter_
 _PUNCT = '!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~«»“”‘’…'
 def words_of(text) -> list:
     "Whitespace tokens with surrounding punctuation stripped; pure-punctuation tokens dropped."
-    return [w for w in (t.strip(_PUNCT) for t in text.split()) if w]
+    return list(filter(None, map(str.strip, text.split(), repeat(_PUNCT))))  # C loops, no Python frame per token
 
 STOP_WORDS = frozenset('the be to of and that have with'.split())
 TERMINAL = ('.', '!', '?', '"', "'", '”', '’', '…', ':')

@@ -8,7 +8,7 @@ run as `Step`s over an iterator gives the same kept texts and reject reasons as 
 
 Controls: the comparison catches a threshold that is off by a little, and bounds that are too small (halved), so the
 equality is not a test that cannot fail."""
-import json, random, sysconfig
+import json, random, re, sysconfig
 from collections import Counter
 from pathlib import Path
 import pytest
@@ -114,3 +114,70 @@ def test_chain_on_the_embedded_corpus_is_keep(corpus_docs):
 def test_repetition_batch_on_the_embedded_corpus_is_keep(corpus_docs):
     step = GopherRepetition(**NGRAMS_ONLY)
     for b in clean.batches(corpus_docs, 64): assert verdicts_fast(step, b) == verdicts_ref(step, b)
+
+# ---- the per-document shortcuts of C4 and Gopher quality against their plain forms
+def c4_plain(r, text):
+    "C4's verdict written plainly: every line's words listed, every sentence end found."
+    low = text.lower()
+    if 'lorem ipsum' in low: return 'c4_lorem_ipsum'
+    kept = []
+    for line in text.splitlines():
+        l = line.strip()
+        ws = l.split()
+        if not l.endswith(clean.TERMINAL) or len(ws) < r.min_words_per_line: continue
+        if any(p in l.lower() for p in ('javascript',) + clean.POLICY): continue
+        if ws and max(map(len, ws)) > r.max_word_length: continue
+        kept.append(l)
+    out = '\n'.join(kept)
+    return 'c4_too_few_sentences' if len(re.findall(r'[.!?]+(?:\s|$)', out)) < r.min_sentences else out
+
+def quality_plain(r, text):
+    "Gopher quality's verdict written plainly: one generator per word, every word lower-cased for the stop words."
+    words = [w for w in (t.strip(clean._PUNCT) for t in text.split()) if w]
+    n = len(words)
+    if n < r.min_words: return 'gopher_short_doc'
+    avg = sum(map(len, words)) / n
+    if avg < r.min_avg_word_len: return 'gopher_below_avg_word_len'
+    if avg > r.max_avg_word_len: return 'gopher_above_avg_word_len'
+    if (text.count('#') + text.count('...') + text.count('…')) / n > r.max_symbol_word_ratio: return 'gopher_symbol_ratio'
+    lines = [l for l in text.splitlines() if l.strip()] or ['']
+    if sum(l.lstrip().startswith(('•', '-', '*', '‣', '◦')) for l in lines) / len(lines) > r.max_bullet_lines_ratio:
+        return 'gopher_bullet_lines'
+    if sum(l.rstrip().endswith(('...', '…')) for l in lines) / len(lines) > r.max_ellipsis_lines_ratio:
+        return 'gopher_ellipsis_lines'
+    if sum(any(c.isalpha() for c in w) for w in words) / n < r.min_alpha_words_ratio: return 'gopher_alpha_words'
+    if len(clean.STOP_WORDS.intersection(w.lower() for w in words)) < r.min_stop_words: return 'gopher_stop_words'
+    return text
+
+LINE_WORDS = ['The', 'THE', 'of', 'Of', 'and', 'with', 'a', 'cat.', 'sat!', 'Is it?', 'x' * 12, '…', '--', '"quoted."',
+              'house', 'garden', 'stood', 'beside', 'trees', 'Wİth', 'naïve',
+              'javascript', 'privacy policy', 'lorem', '123', 'ǅ', 'İt', 'e.g. this', '...', '#']
+
+@st.composite
+def line_text(draw) -> str:
+    "Lines of 0 to 12 words and sentence marks, some long, some blank, some indented."
+    vocab = draw(st.lists(st.sampled_from(LINE_WORDS), min_size=1, max_size=8))  # some lack stop words or marks
+    lines = draw(st.lists(st.lists(st.sampled_from(vocab), max_size=12), max_size=25))
+    pad = draw(st.sampled_from(['', ' ', '\t']))
+    return '\n'.join(pad + ' '.join(ws) for ws in lines)
+
+@settings(max_examples=300, deadline=None)
+@given(line_text(), st.integers(1, 4), st.integers(1, 6), st.sampled_from([5, 1000]))
+def test_c4_is_plain(text, min_words, min_sentences, max_word):
+    r = C4Lines(min_words_per_line=min_words, min_sentences=min_sentences, max_word_length=max_word)
+    got = r.keep(Document('a', text))
+    assert (got if isinstance(got, str) else got.text) == c4_plain(r, text)
+
+@settings(max_examples=300, deadline=None)
+@given(line_text(), st.integers(1, 60), st.integers(1, 3))
+def test_gopher_quality_is_plain(text, min_words, min_stop):
+    r = GopherQuality(min_words=min_words, min_stop_words=min_stop)
+    got = r.keep(Document('a', text))
+    assert (got if isinstance(got, str) else got.text) == quality_plain(r, text)
+
+def test_control_plain_forms_can_disagree():
+    "The plain forms are not the same code: a C4 with one more sentence, a quality with one more stop word, differ."
+    text = 'The cat sat on the mat. It was warm. It purred. It slept. It woke.\nthe of and.'
+    assert c4_plain(C4Lines(), text) != c4_plain(C4Lines(min_sentences=7), text)
+    r = GopherQuality(min_words=1)
+    assert quality_plain(r, text) == text and quality_plain(GopherQuality(min_words=1, min_stop_words=4), text) != text

@@ -12,9 +12,9 @@ from .core import Document, Step
 from .decontaminate import split_hashes, ngram_hashes, FNV_PRIME
 
 # %% auto #0
-__all__ = ['STOP_WORDS', 'TERMINAL', 'POLICY', 'GENERATED', 'words_of', 'letter_words', 'GopherQuality', 'top_ngram_count',
-           'top_ngram_chars', 'widest_ngram', 'dup_ngram_chars', 'batches', 'batch_tokens', 'repetition_bounds',
-           'GopherRepetition', 'C4Lines', 'FineWebQuality', 'CodeQuality']
+__all__ = ['STOP_WORDS', 'TERMINAL', 'SENTENCE_END', 'POLICY', 'GENERATED', 'words_of', 'letter_words', 'GopherQuality',
+           'top_ngram_count', 'top_ngram_chars', 'widest_ngram', 'dup_ngram_chars', 'batches', 'batch_tokens',
+           'repetition_bounds', 'GopherRepetition', 'C4Lines', 'FineWebQuality', 'CodeQuality']
 
 # %% ../../nbs/52_clean.ipynb #0bc46f48
 _PUNCT = '!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~«»“”‘’…'
@@ -68,7 +68,8 @@ class GopherQuality(Step):
         if sum(l.rstrip().endswith(('...', '…')) for l in lines) / len(lines) > self.max_ellipsis_lines_ratio:
             return 'gopher_ellipsis_lines'
         if letter_words(text, words) / n < self.min_alpha_words_ratio: return 'gopher_alpha_words'
-        if len(STOP_WORDS.intersection(map(str.lower, words))) < self.min_stop_words: return 'gopher_stop_words'
+        if (len(STOP_WORDS.intersection(words)) < self.min_stop_words and  # those already lower-case, else all
+                len(STOP_WORDS.intersection(map(str.lower, words))) < self.min_stop_words): return 'gopher_stop_words'
         return doc
 
 # %% ../../nbs/52_clean.ipynb #c689928d
@@ -228,6 +229,7 @@ class GopherRepetition(Step):
             yield from Step.__call__(_Decided(self.name, b, self.keep_batch(b)), b, ctx)
 
 # %% ../../nbs/52_clean.ipynb #1dc8b008
+SENTENCE_END = re.compile(r'[.!?]+(?:\s|$)')
 POLICY = ('terms of use', 'privacy policy', 'cookie policy', 'uses cookies', 'use of cookies', 'use cookies')
 
 class C4Lines(Step):
@@ -245,13 +247,15 @@ class C4Lines(Step):
         for line in doc.text.splitlines():
             l = line.strip()
             if not l.endswith(TERMINAL): continue  # empty lines too
-            ws = l.split()
-            if len(ws) < self.min_words_per_line: continue
+            if len(l.split(None, max(self.min_words_per_line - 1, 0))) < self.min_words_per_line:
+                continue  # at most that many parts: no list of every word
             if boilerplate and ('javascript' in l.lower() or any(p in l.lower() for p in POLICY)): continue
-            if len(l) > self.max_word_length and max(map(len, ws)) > self.max_word_length: continue
+            if len(l) > self.max_word_length and max(map(len, l.split())) > self.max_word_length: continue
             kept.append(l)
         text = '\n'.join(kept)
-        if len(re.findall(r'[.!?]+(?:\s|$)', text)) < self.min_sentences: return 'c4_too_few_sentences'
+        # counting stops at `min_sentences`
+        if sum(1 for _ in islice(SENTENCE_END.finditer(text), self.min_sentences)) < self.min_sentences:
+            return 'c4_too_few_sentences'
         return doc if text == doc.text else Document(doc.id, text, doc.meta)
 
 # %% ../../nbs/52_clean.ipynb #d440ad23

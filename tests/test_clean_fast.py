@@ -18,7 +18,8 @@ from apex3.data.clean import C4Lines, FineWebQuality, GopherQuality, GopherRepet
 from apex3.data.core import Document, TaskContext, stdlib_files
 from apex3.data.corpus import module_prose
 
-VOCAB = ['the', 'of', 'a', 'cat', 'sat', 'on', 'mat', 'x.', 'é', 'naïve', 'data,', '--', '…', 'longerword', 'b', 'and']
+VOCAB = ['the', 'of', 'a', 'cat', 'sat', 'on', 'mat', 'x.', 'é', 'naïve', 'data,', '--', '…', 'longerword', 'b',
+         'and']
 NGRAMS_ONLY = dict(dup_line_frac=1, dup_para_frac=1, dup_line_char_frac=1, dup_para_char_frac=1)
 
 def repetitive_text(rng) -> str:
@@ -55,6 +56,14 @@ def test_repetition_batch_is_keep(seed, n):
     docs = generated_docs(n, seed)
     for step in GopherRepetition(), GopherRepetition(**NGRAMS_ONLY):  # the n-gram rules alone too
         assert verdicts_fast(step, docs) == verdicts_ref(step, docs)
+
+@pytest.mark.parametrize('rules', [dict(top_ngrams=()), dict(dup_ngrams=()), dict(top_ngrams=(), dup_ngrams=()),
+                                   dict(top_ngrams=((3, 0.1), (1, 0.3)), dup_ngrams=((7, 0.05), (4, 0.2)))])
+def test_repetition_batch_is_keep_for_other_rule_sets(rules):
+    "No top-n-gram rules, no duplicated-n-gram rules, n in any order: still `keep`'s verdicts."
+    docs = generated_docs(300, 4) + [Document('e', ''), Document('s', ' \n '), Document('w', 'one')]
+    step = GopherRepetition(**NGRAMS_ONLY, **rules)
+    assert verdicts_fast(step, docs) == verdicts_ref(step, docs)
 
 def test_generated_docs_reach_every_kind_of_rule():
     "The generated texts are removed by line, top-n-gram and duplicated-n-gram rules, and some are kept."
@@ -139,14 +148,17 @@ def quality_plain(r, text):
     avg = sum(map(len, words)) / n
     if avg < r.min_avg_word_len: return 'gopher_below_avg_word_len'
     if avg > r.max_avg_word_len: return 'gopher_above_avg_word_len'
-    if (text.count('#') + text.count('...') + text.count('…')) / n > r.max_symbol_word_ratio: return 'gopher_symbol_ratio'
+    if (text.count('#') + text.count('...') + text.count('…')) / n > r.max_symbol_word_ratio:
+        return 'gopher_symbol_ratio'
     lines = [l for l in text.splitlines() if l.strip()] or ['']
     if sum(l.lstrip().startswith(('•', '-', '*', '‣', '◦')) for l in lines) / len(lines) > r.max_bullet_lines_ratio:
         return 'gopher_bullet_lines'
     if sum(l.rstrip().endswith(('...', '…')) for l in lines) / len(lines) > r.max_ellipsis_lines_ratio:
         return 'gopher_ellipsis_lines'
-    if sum(any(c.isalpha() for c in w) for w in words) / n < r.min_alpha_words_ratio: return 'gopher_alpha_words'
-    if len(clean.STOP_WORDS.intersection(w.lower() for w in words)) < r.min_stop_words: return 'gopher_stop_words'
+    if sum(any(c.isalpha() for c in w) for w in words) / n < r.min_alpha_words_ratio:
+        return 'gopher_alpha_words'
+    if len(clean.STOP_WORDS.intersection(w.lower() for w in words)) < r.min_stop_words:
+        return 'gopher_stop_words'
     return text
 
 LINE_WORDS = ['The', 'THE', 'of', 'Of', 'and', 'with', 'a', 'cat.', 'sat!', 'Is it?', 'x' * 12, '…', '--', '"quoted."',

@@ -134,38 +134,54 @@ def _counts(keys) -> np.ndarray:
 
 def _doc_counts(g, doc) -> np.ndarray:
     "Per n-gram hash `g` of document `doc`, an upper bound on its count in its document (the top 52 bits must match)."
-    return _counts((doc.astype(np.uint64) << np.uint64(52)) | (g >> np.uint64(12)))  # batches stay under 4096
+    # past 4096 documents a batch's documents share more keys: looser bounds, never a wrong one
+    return _counts((doc.astype(np.uint64) << np.uint64(52)) | (g >> np.uint64(12)))
 
 def batch_tokens(texts) -> tuple:
     "(hash, length) of every token of every text (`split_hashes` of them all at once), and where each text's end."
     h, lens = split_hashes('\n'.join(texts))  # no token spans the newline, and a token's hash ignores its position
     return h, lens, np.cumsum([len(t.split()) for t in texts], dtype=np.int64)
 
-def repetition_bounds(h, lens, ends, top_ns, dup_n) -> tuple:
-    """Upper bounds, per text of a batch (`batch_tokens`), on what the n-gram rules count, with array passes over the
-    whole batch: for each n of `top_ns`, the most frequent n-gram's count times its characters; and the characters
-    in duplicated n-grams for every n >= `dup_n`. A rule whose bound is within its threshold cannot fire."""
-    doc = np.repeat(np.arange(len(ends)), np.diff(ends, prepend=0))
-    def within(n): m = max(len(doc) - n + 1, 0); return doc[:m] == doc[n - 1:n - 1 + m]  # windows in one text
-    grams = [h]  # the n-gram hashes before `ngram_hashes`'s final mix (a bijection: the same equalities)
-    with np.errstate(over='ignore'):
-        for n in range(2, max(max(top_ns), dup_n) + 1): grams.append(grams[-1][:-1] * FNV_PRIME + h[n - 1:])
+def _within(doc, n) -> np.ndarray:
+    "Which `n`-token windows of the batch lie inside one text (`doc`: each token's text)."
+    m = max(len(doc) - n + 1, 0)
+    return doc[:m] == doc[n - 1:n - 1 + m]
+
+def _top_bounds(grams, lens, doc, top_ns, B) -> list:
+    "For each n of `top_ns`, per text: the largest count of an n-gram's shortest-n prefix times its characters."
+    if not top_ns: return []
     n0 = min(top_ns)
-    ok = within(n0)
+    ok = _within(doc, n0)
     cnt = np.zeros(len(ok), np.int64)
     cnt[ok] = _doc_counts(grams[n0 - 1][ok], doc[:len(ok)][ok])
     top = []
     for n in top_ns:  # each occurrence of an n-gram (n >= n0) starts with an occurrence of its n0-gram prefix
-        rep = within(n) & (cnt[:max(len(doc) - n + 1, 0)] > 1)
-        b = np.zeros(len(ends))
+        rep = _within(doc, n) & (cnt[:max(len(doc) - n + 1, 0)] > 1)
+        b = np.zeros(B)
         np.maximum.at(b, doc[:len(rep)][rep], cnt[:len(rep)][rep] * (_window_sums(lens, n)[rep] + n - 1))
         top.append(b)
-    j = np.flatnonzero(within(dup_n))
+    return top
+
+def _dup_bound(grams, lens, doc, dup_n, B) -> np.ndarray:
+    "Per text: the characters (each token with one space) of the tokens that repeating `dup_n`-grams cover."
+    if dup_n is None: return np.full(B, np.inf)
+    j = np.flatnonzero(_within(doc, dup_n))
     j = j[_doc_counts(grams[dup_n - 1][j], doc[j]) > 1]  # where a repeating `dup_n`-gram starts
     cover = np.zeros(len(doc) + 1, np.int64)  # every n-gram that repeats (n >= dup_n) lies in repeating dup_n-grams
     np.add.at(cover, j, 1); np.add.at(cover, j + dup_n, -1)
     covered = np.cumsum(cover[:-1]) > 0
-    return top, np.bincount(doc[covered], weights=lens[covered] + 1, minlength=len(ends))
+    return np.bincount(doc[covered], weights=lens[covered] + 1, minlength=B)
+
+def repetition_bounds(h, lens, ends, top_ns, dup_n) -> tuple:
+    """Upper bounds, per text of a batch (`batch_tokens`), on what the n-gram rules count, with array passes over the
+    whole batch: for each n of `top_ns`, the most frequent n-gram's count times its characters; and the characters
+    in duplicated n-grams for every n >= `dup_n` (None: no such rule, no bound). A rule whose bound is within its
+    threshold cannot fire."""
+    doc = np.repeat(np.arange(len(ends)), np.diff(ends, prepend=0))
+    grams = [h]  # the n-gram hashes before `ngram_hashes`'s final mix (a bijection: the same equalities)
+    with np.errstate(over='ignore'):
+        for n in range(2, max([*top_ns, dup_n or 1]) + 1): grams.append(grams[-1][:-1] * FNV_PRIME + h[n - 1:])
+    return _top_bounds(grams, lens, doc, top_ns, len(ends)), _dup_bound(grams, lens, doc, dup_n, len(ends))
 
 class _Decided(Step):
     "`Step.__call__`'s counting and rejects over verdicts already decided, by the identity of each document."
@@ -212,8 +228,9 @@ class GopherRepetition(Step):
         "`keep` of each document, computing only the n-gram rules that the batch's bounds leave possible."
         texts = [d.text for d in docs]
         h, lens, ends = batch_tokens(texts)
-        top, dup = repetition_bounds(h, lens, ends, [k for k, _ in self.top_ngrams], min(k for k, _ in self.dup_ngrams))
-        least_dup, out = min(t for _, t in self.dup_ngrams), []
+        top, dup = repetition_bounds(h, lens, ends, [k for k, _ in self.top_ngrams],
+                                     min((k for k, _ in self.dup_ngrams), default=None))
+        least_dup, out = min((t for _, t in self.dup_ngrams), default=0), []
         for i, (d, text) in enumerate(zip(docs, texts)):
             L = max(len(text), 1)
             silent = {k for (k, t), b in zip(self.top_ngrams, top) if b[i] / L <= t}

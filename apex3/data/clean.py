@@ -5,20 +5,22 @@
 # %% ../../nbs/52_clean.ipynb #d1ed2bd1
 from __future__ import annotations
 import bisect, re, string
+from itertools import islice, repeat
+from typing import Iterator
 import numpy as np
 from .core import Document, Step
-from .decontaminate import split_hashes, ngram_hashes
+from .decontaminate import split_hashes, ngram_hashes, FNV_PRIME
 
 # %% auto #0
-__all__ = ['STOP_WORDS', 'TERMINAL', 'POLICY', 'GENERATED', 'words_of', 'letter_words', 'GopherQuality', 'top_ngram_count',
-           'top_ngram_chars', 'widest_ngram', 'dup_ngram_chars', 'GopherRepetition', 'C4Lines', 'FineWebQuality',
-           'CodeQuality']
+__all__ = ['STOP_WORDS', 'TERMINAL', 'SENTENCE_END', 'POLICY', 'GENERATED', 'words_of', 'letter_words', 'GopherQuality',
+           'top_ngram_count', 'top_ngram_chars', 'widest_ngram', 'dup_ngram_chars', 'batches', 'batch_tokens',
+           'repetition_bounds', 'GopherRepetition', 'C4Lines', 'FineWebQuality', 'CodeQuality']
 
 # %% ../../nbs/52_clean.ipynb #0bc46f48
 _PUNCT = '!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~«»“”‘’…'
 def words_of(text) -> list:
     "Whitespace tokens with surrounding punctuation stripped; pure-punctuation tokens dropped."
-    return [w for w in (t.strip(_PUNCT) for t in text.split()) if w]
+    return list(filter(None, map(str.strip, text.split(), repeat(_PUNCT))))  # C loops, no Python frame per token
 
 STOP_WORDS = frozenset('the be to of and that have with'.split())
 TERMINAL = ('.', '!', '?', '"', "'", '”', '’', '…', ':')
@@ -66,7 +68,8 @@ class GopherQuality(Step):
         if sum(l.rstrip().endswith(('...', '…')) for l in lines) / len(lines) > self.max_ellipsis_lines_ratio:
             return 'gopher_ellipsis_lines'
         if letter_words(text, words) / n < self.min_alpha_words_ratio: return 'gopher_alpha_words'
-        if len(STOP_WORDS.intersection(map(str.lower, words))) < self.min_stop_words: return 'gopher_stop_words'
+        if (len(STOP_WORDS.intersection(words)) < self.min_stop_words and  # those already lower-case, else all
+                len(STOP_WORDS.intersection(map(str.lower, words))) < self.min_stop_words): return 'gopher_stop_words'
         return doc
 
 # %% ../../nbs/52_clean.ipynb #c689928d
@@ -116,16 +119,86 @@ def dup_ngram_chars(h, lens, n) -> int:
         seen_again.add(inv[j])
     return chars
 
+# %% ../../nbs/52_clean.ipynb #d226e7fe
+def batches(items, n) -> Iterator[list]:
+    "Lists of up to `n` consecutive items of the iterable `items`."
+    it = iter(items)
+    while b := list(islice(it, n)): yield b
+
+def _window_sums(x, n) -> np.ndarray: return np.convolve(x, np.ones(n, x.dtype), 'valid') if len(x) >= n else x[:0]
+
+def _counts(keys) -> np.ndarray:
+    "How many times each element of `keys` occurs in `keys`."
+    _, inv, cnt = np.unique(keys, return_inverse=True, return_counts=True)
+    return cnt[inv]
+
+def _doc_counts(g, doc) -> np.ndarray:
+    "Per n-gram hash `g` of document `doc`, an upper bound on its count in its document (the top 52 bits must match)."
+    # past 4096 documents a batch's documents share more keys: looser bounds, never a wrong one
+    return _counts((doc.astype(np.uint64) << np.uint64(52)) | (g >> np.uint64(12)))
+
+def batch_tokens(texts) -> tuple:
+    "(hash, length) of every token of every text (`split_hashes` of them all at once), and where each text's end."
+    h, lens = split_hashes('\n'.join(texts))  # no token spans the newline, and a token's hash ignores its position
+    return h, lens, np.cumsum([len(t.split()) for t in texts], dtype=np.int64)
+
+def _within(doc, n) -> np.ndarray:
+    "Which `n`-token windows of the batch lie inside one text (`doc`: each token's text)."
+    m = max(len(doc) - n + 1, 0)
+    return doc[:m] == doc[n - 1:n - 1 + m]
+
+def _top_bounds(grams, lens, doc, top_ns, B) -> list:
+    "For each n of `top_ns`, per text: the largest count of an n-gram's shortest-n prefix times its characters."
+    if not top_ns: return []
+    n0 = min(top_ns)
+    ok = _within(doc, n0)
+    cnt = np.zeros(len(ok), np.int64)
+    cnt[ok] = _doc_counts(grams[n0 - 1][ok], doc[:len(ok)][ok])
+    top = []
+    for n in top_ns:  # each occurrence of an n-gram (n >= n0) starts with an occurrence of its n0-gram prefix
+        rep = _within(doc, n) & (cnt[:max(len(doc) - n + 1, 0)] > 1)
+        b = np.zeros(B)
+        np.maximum.at(b, doc[:len(rep)][rep], cnt[:len(rep)][rep] * (_window_sums(lens, n)[rep] + n - 1))
+        top.append(b)
+    return top
+
+def _dup_bound(grams, lens, doc, dup_n, B) -> np.ndarray:
+    "Per text: the characters (each token with one space) of the tokens that repeating `dup_n`-grams cover."
+    if dup_n is None: return np.full(B, np.inf)
+    j = np.flatnonzero(_within(doc, dup_n))
+    j = j[_doc_counts(grams[dup_n - 1][j], doc[j]) > 1]  # where a repeating `dup_n`-gram starts
+    cover = np.zeros(len(doc) + 1, np.int64)  # every n-gram that repeats (n >= dup_n) lies in repeating dup_n-grams
+    np.add.at(cover, j, 1); np.add.at(cover, j + dup_n, -1)
+    covered = np.cumsum(cover[:-1]) > 0
+    return np.bincount(doc[covered], weights=lens[covered] + 1, minlength=B)
+
+def repetition_bounds(h, lens, ends, top_ns, dup_n) -> tuple:
+    """Upper bounds, per text of a batch (`batch_tokens`), on what the n-gram rules count, with array passes over the
+    whole batch: for each n of `top_ns`, the most frequent n-gram's count times its characters; and the characters
+    in duplicated n-grams for every n >= `dup_n` (None: no such rule, no bound). A rule whose bound is within its
+    threshold cannot fire."""
+    doc = np.repeat(np.arange(len(ends)), np.diff(ends, prepend=0))
+    grams = [h]  # the n-gram hashes before `ngram_hashes`'s final mix (a bijection: the same equalities)
+    with np.errstate(over='ignore'):
+        for n in range(2, max([*top_ns, dup_n or 1]) + 1): grams.append(grams[-1][:-1] * FNV_PRIME + h[n - 1:])
+    return _top_bounds(grams, lens, doc, top_ns, len(ends)), _dup_bound(grams, lens, doc, dup_n, len(ends))
+
+class _Decided(Step):
+    "`Step.__call__`'s counting and rejects over verdicts already decided, by the identity of each document."
+    def __init__(self, name, docs, verdicts): self.name, self.verdicts = name, dict(zip(map(id, docs), verdicts))
+    def keep(self, doc): return self.verdicts[id(doc)]
+
 class GopherRepetition(Step):
     "Gopher repetition filter with the published thresholds."
     name = 'gopher_repetition'
+    batch = 256  # documents decided together (`keep_batch`)
     def __init__(self, dup_line_frac=0.3, dup_para_frac=0.3, dup_line_char_frac=0.2, dup_para_char_frac=0.2,
                  top_ngrams=((2, 0.2), (3, 0.18), (4, 0.16)),
                  dup_ngrams=((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.1))):
         self.__dict__.update(locals())
         del self.__dict__['self']
-    def keep(self, doc):
-        text = doc.text
+    def line_rules(self, text):
+        "The reason the duplicated paragraph and line rules remove `text`, or None."
         L = max(len(text), 1)
         paras = [p for p in re.split(r'\n{2,}', text.strip()) if p.strip()]
         n, c = _dup_stats(paras)
@@ -135,20 +208,45 @@ class GopherRepetition(Step):
         n, c = _dup_stats(lines)
         if lines and n / len(lines) > self.dup_line_frac: return 'dup_line_frac'
         if c / L > self.dup_line_char_frac: return 'dup_line_char_frac'
-        h, lens = split_hashes(text)
+    def ngram_rules(self, h, lens, L, silent=()):
+        "The reason the n-gram rules remove a text of `L` characters and tokens `h, lens`, or None; `silent`: skipped."
         most, last = None, 0  # the count of the most frequent `last`-gram bounds the count of every longer n-gram
         for k, t in self.top_ngrams:
-            if most is not None and k > last and most * widest_ngram(lens, k) <= t * L: continue  # cannot fire
+            if k in silent or (most is not None and k > last and most * widest_ngram(lens, k) <= t * L): continue
             c, most, last = *top_ngram_count(h, lens, k), k
             if c / L > t: return f'top_{k}_gram'
-        if most is not None and most <= 1 and all(k > last for k, _ in self.dup_ngrams): return doc  # none repeats
+        if 'dup' in silent or (most is not None and most <= 1 and all(k > last for k, _ in self.dup_ngrams)): return
         for k, t in self.dup_ngrams:
             c = dup_ngram_chars(h, lens, k)
             if c / L > t: return f'duplicated_{k}_grams'
             if c == 0: break  # no k-gram repeats, so no longer one does
-        return doc
+    def keep(self, doc):
+        "The rules one by one, in order: the definition (`keep_batch` decides the same, faster)."
+        text = doc.text
+        return self.line_rules(text) or self.ngram_rules(*split_hashes(text), max(len(text), 1)) or doc
+    def keep_batch(self, docs) -> list:
+        "`keep` of each document, computing only the n-gram rules that the batch's bounds leave possible."
+        texts = [d.text for d in docs]
+        h, lens, ends = batch_tokens(texts)
+        top, dup = repetition_bounds(h, lens, ends, [k for k, _ in self.top_ngrams],
+                                     min((k for k, _ in self.dup_ngrams), default=None))
+        least_dup, out = min((t for _, t in self.dup_ngrams), default=0), []
+        for i, (d, text) in enumerate(zip(docs, texts)):
+            L = max(len(text), 1)
+            silent = {k for (k, t), b in zip(self.top_ngrams, top) if b[i] / L <= t}
+            if dup[i] / L <= least_dup: silent.add('dup')
+            a, e = (ends[i - 1] if i else 0), ends[i]
+            r = self.line_rules(text) or (len(silent) <= len(self.top_ngrams) and
+                                          self.ngram_rules(h[a:e], lens[a:e], L, silent))
+            out.append(r or d)
+        return out
+    def __call__(self, docs, ctx) -> Iterator[Document]:
+        self.setup(ctx)
+        for b in batches(docs, self.batch):
+            yield from Step.__call__(_Decided(self.name, b, self.keep_batch(b)), b, ctx)
 
 # %% ../../nbs/52_clean.ipynb #1dc8b008
+SENTENCE_END = re.compile(r'[.!?]+(?:\s|$)')
 POLICY = ('terms of use', 'privacy policy', 'cookie policy', 'uses cookies', 'use of cookies', 'use cookies')
 
 class C4Lines(Step):
@@ -166,13 +264,15 @@ class C4Lines(Step):
         for line in doc.text.splitlines():
             l = line.strip()
             if not l.endswith(TERMINAL): continue  # empty lines too
-            ws = l.split()
-            if len(ws) < self.min_words_per_line: continue
+            if len(l.split(None, max(self.min_words_per_line - 1, 0))) < self.min_words_per_line:
+                continue  # at most that many parts: no list of every word
             if boilerplate and ('javascript' in l.lower() or any(p in l.lower() for p in POLICY)): continue
-            if len(l) > self.max_word_length and max(map(len, ws)) > self.max_word_length: continue
+            if len(l) > self.max_word_length and max(map(len, l.split())) > self.max_word_length: continue
             kept.append(l)
         text = '\n'.join(kept)
-        if len(re.findall(r'[.!?]+(?:\s|$)', text)) < self.min_sentences: return 'c4_too_few_sentences'
+        # counting stops at `min_sentences`
+        if sum(1 for _ in islice(SENTENCE_END.finditer(text), self.min_sentences)) < self.min_sentences:
+            return 'c4_too_few_sentences'
         return doc if text == doc.text else Document(doc.id, text, doc.meta)
 
 # %% ../../nbs/52_clean.ipynb #d440ad23

@@ -54,7 +54,7 @@ class GopherQuality(Step):
         text = doc.text
         words = words_of(text)
         n = len(words)
-        if n < self.min_words: return 'gopher_short_doc'
+        if n < max(self.min_words, 1): return 'gopher_short_doc'   # no words: no ratio to judge, whatever the minimum
         if n > self.max_words: return 'gopher_long_doc'
         avg = sum(map(len, words)) / n
         if avg < self.min_avg_word_len: return 'gopher_below_avg_word_len'
@@ -307,7 +307,7 @@ class CodeQuality(Step):
         del self.__dict__['self']
     def keep(self, doc):
         t = doc.text
-        if len(t.strip()) < self.min_chars: return 'code_empty'
+        if len(t.strip()) < max(self.min_chars, 1): return 'code_empty'   # nothing to measure, whatever the minimum
         lines = t.splitlines() or ['']
         if max(map(len, lines)) > self.max_line_length: return 'code_max_line_length'
         if len(t) / len(lines) > self.max_mean_line_length: return 'code_mean_line_length'

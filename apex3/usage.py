@@ -16,7 +16,8 @@ class UsageError(ValueError):
 class ArgParser(argparse.ArgumentParser):
     "An `ArgumentParser` whose parse errors raise `UsageError` rather than printing usage and exiting."
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        # a flag is named whole: argparse's prefixes would take a mistyped `--warmup 2` as `--warmup-tokens 2`
+        super().__init__(*args, **{'allow_abbrev': False, **kwargs})
         # `--tokens -5T` and `--lr -inf` are (bad) values, not unknown flags
         self._negative_number_matcher = re.compile(r'^-(\.?\d|inf|nan)', re.IGNORECASE)
     def error(self, message): raise UsageError(message)

@@ -41,6 +41,8 @@ def remote_parser(prog, description):
     p.add_argument('--api-key', default=None, help='sent as `Authorization: Bearer KEY` (default: $OPENAI_API_KEY)')
     p.add_argument('--python', action='store_true', help='offer the model a python tool, run in the sandbox')
     p.add_argument('--backend', default='bwrap', choices=['bwrap', 'docker'], help='sandbox for the python tool')
+    p.add_argument('--unsandboxed', action='store_true',
+                   help="where the sandbox cannot run, run the model's code in a plain subprocess (not isolated)")
     p.add_argument('--max-turns', type=in_range(int, 1, 1000), default=8, help='model turns a request may take')
     p.add_argument('--max-tokens', type=in_range(int, 1, 1_000_000), default=2048, help='tokens a request may take')
     p.add_argument('--temperature', type=in_range(float, 0, 2), default=0.0)
@@ -54,7 +56,7 @@ def _remote(a):
     model = RemoteModel(a.model_url, a.model, a.api_key, a.temperature)
     if not a.python: return model, []
     from apex3.agent.tools import get_runner, python_tool
-    return model, [python_tool(get_runner(a.backend, wall_s=10))]
+    return model, [python_tool(get_runner(a.backend, wall_s=10, fallback=a.unsandboxed))]
 
 def show_event(out=None):
     "An `on_event` for the loop that writes text as it streams, and each call and result on its own line."

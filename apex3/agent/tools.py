@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, Callable, Literal, Optional, Union, get_args, get_origin, get_type_hints
 import jsonschema
 from .sandbox import SANDBOX_PYTHON, SandboxResult, get_sandbox
+from ..usage import UsageError
 
 # %% ../../nbs/61_tools.ipynb #3a104e1a
 _SCALARS = {int: 'integer', float: 'number', str: 'string', bool: 'boolean', type(None): 'null'}
@@ -236,12 +237,15 @@ class SubprocessRunner:
             out, err = (x.decode(errors='replace') if isinstance(x, bytes) else x or '' for x in (e.stdout, e.stderr))
             return SandboxResult(out, err, -9, True, time.monotonic() - t0, backend='subprocess')
 
-def get_runner(backend='bwrap', wall_s=10.0, **limits):
-    "The sandbox of `backend`, else (its backend not installed here) a `SubprocessRunner` with a warning."
+def get_runner(backend='bwrap', wall_s=10.0, fallback=True, **limits):
+    """The sandbox of `backend`; where it cannot run here, a `SubprocessRunner` with a warning, or with
+    `fallback=False` a `UsageError` (code from a model it does not control must not run unisolated unasked)."""
     try: return get_sandbox(backend, wall_s=wall_s, **limits)
     except Exception as e:
-        _log.warning(f'no {backend} sandbox ({type(e).__name__}: {e}); '
-                     'running tool code in a plain subprocess, not isolated')
+        why = f'no {backend} sandbox ({type(e).__name__}: {e})'
+        if not fallback: raise UsageError(f'{why}: install bubblewrap, or start Docker and pass --backend docker; '
+                                          '--unsandboxed runs the code in a plain subprocess') from None
+        _log.warning(f'{why}; running tool code in a plain subprocess, not isolated')
         return SubprocessRunner(wall_s)
 
 def runner_python(runner) -> str:

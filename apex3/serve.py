@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from .agent.chat import CHAT_TEMPLATE, StreamParser, held_back, render_chat
+from .generate_cli import DEVICE_HELP
 from .usage import ArgParser, UsageError, in_range, run_command
 
 _log = logging.getLogger('apex3.serve')
@@ -611,7 +612,7 @@ def serve_parser():
     p.add_argument('--api-key', default=None, help='clients must send it as `Authorization: Bearer KEY`')
     p.add_argument('--name', default=None, help="the model's name in the API (default: the checkpoint folder's)")
     p.add_argument('--tokenizer', default=None, help="tokenizer file, where the checkpoint's data meta names none")
-    p.add_argument('--device', default='cpu')
+    p.add_argument('--device', default=None, help=DEVICE_HELP)
     p.add_argument('--max-batch', type=in_range(int, 1, 1024), default=8,
                    help='concurrent requests decoded together at most (default: %(default)s)')
     p.add_argument('--max-len', type=in_range(int, 2, 1 << 20), default=2048,
@@ -631,9 +632,10 @@ def _serve(argv):
         _log.warning(f'serving on {a.host} with no --api-key: anyone who can reach the port can use the model')
     from apex3.generate import quantize_int8
     from apex3.generate_cli import generation_device, load_for_generation
-    if generation_device(a.device).type != 'cpu' and a.int8:
+    dev = generation_device(a.device or ('cpu' if a.int8 else None))
+    if dev.type != 'cpu' and a.int8:
         raise UsageError(f'--int8 is the CPU decode path, not {a.device}')
-    model, tok = load_for_generation(a.ckpt, a.tokenizer, a.device)
+    model, tok = load_for_generation(a.ckpt, a.tokenizer, dev)
     srv = Server(quantize_int8(model) if a.int8 else model, tok, a.name or Path(a.ckpt).resolve().name, a.api_key,
                  a.max_batch, a.max_len, a.compile, a.max_body)
     with serving(srv.app, a.host, a.port) as url:

@@ -300,6 +300,8 @@ def _flag_options(f, hint, check_only=False) -> dict:
     if f.default is not dataclasses.MISSING: kw['default'] = f.default
     else: kw['default'] = None if check_only and f.metadata['late'] else f.default_factory()
     if hint is bool: return dict(kw, action='store_true')
+    if kw.get('help') and kw['default'] not in (None, []) and '(default' not in kw['help']:
+        kw['help'] += ' (default: %(default)s)'   # what a bare command runs with, in --help
     if (kind := _value_type(hint)) in (int, float): kw['type'] = _number_type(f, kind)
     if typing.get_origin(hint) is list: kw |= dict(nargs='+', action='extend')   # `--set a=1 --set b=2`: every one
     return kw

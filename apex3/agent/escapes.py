@@ -476,13 +476,15 @@ def _exit_status(r):
     return 128 - r.exit_code if r.exit_code < 0 else r.exit_code
 
 def _sandbox_parser():
-    p = ArgParser(prog='apex3 agent sandbox', description='Run one command in the agent sandbox.')
-    p.add_argument('--backend', choices=['bwrap', 'docker'], default='bwrap')
+    p = ArgParser(prog='apex3 agent sandbox', description='Run one command in the agent sandbox.',
+                  usage='%(prog)s [options] -- CMD [ARG ...]\n       %(prog)s [--backend B] --escape-suite')
+    p.add_argument('--backend', choices=['bwrap', 'docker'], default='bwrap', help='(default: %(default)s)')
     p.add_argument('--timeout', type=in_range(float, 0, low_open=True), default=Limits.wall_s,
-                   help='wall-clock limit in seconds')
-    p.add_argument('--memory', type=in_range(int, 16), default=Limits.memory_mb, help='memory limit in MiB')
+                   help='wall-clock limit in seconds (default: %(default)s)')
+    p.add_argument('--memory', type=in_range(int, 16), default=Limits.memory_mb,
+                   help='memory limit in MiB (default: %(default)s)')
     p.add_argument('--disk', type=in_range(int, 1), default=Limits.disk_mb,
-                   help='workspace quota in MiB, all files together')
+                   help='workspace quota in MiB, all files together (default: %(default)s)')
     p.add_argument('--workdir', help='host folder mounted as the writable /workspace (default: a fresh one)')
     p.add_argument('--escape-suite', action='store_true', help='run the escape suite on the backend instead')
     return p
@@ -497,7 +499,10 @@ def sandbox_main(argv=None):
     "apex3 agent sandbox [--backend B] [--timeout S] [--memory MB] [--disk MB] [--workdir DIR] -- CMD ...: run CMD."
     argv = list(argv or [])
     cut = argv.index('--') if '--' in argv else len(argv)
-    a, cmd = _sandbox_parser().parse_args(argv[:cut]), argv[cut + 1:]
+    try: a, cmd = _sandbox_parser().parse_args(argv[:cut]), argv[cut + 1:]
+    except UsageError as e:
+        if cut < len(argv) or 'unrecognized' not in str(e): raise
+        raise UsageError(f'{e} (the command goes after --: apex3 agent sandbox -- CMD ...)') from None
     if a.escape_suite and '--' not in argv: return _suite_main(a.backend)
     if a.escape_suite: raise UsageError('give either --escape-suite or a command after --, not both')
     if '--' not in argv:

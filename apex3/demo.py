@@ -15,7 +15,7 @@ from .settings import check_not_empty
 
 # %% ../nbs/04_demo.ipynb #5c93159e
 DESCRIPTION = ('the headline plan and its plots, the embedded corpus through the data pipeline, '
-               'then a tiny model trained on it, then taught to answer a question with a tool')
+               'then a tiny model trained on it, then a second tiny model taught to call a tool')
 HEADLINE = dict(params='1T', active='32B', tokens='15T', precision='fp8')
 DAY_MINUTES = 24 * 60   # the tiny model has learned what the embedded corpus holds long before a day is out
 
@@ -27,7 +27,7 @@ def demo_main(argv=()):
     p.add_argument('--minutes', type=in_range(float, 0, DAY_MINUTES, low_open=True), default=1.0,
                    help='how long to train the tiny model (default: %(default)s)')
     p.add_argument('--agent-steps', type=in_range(int, 1), default=1500,
-                   help='training steps that teach it the tool (default: %(default)s; times: records/demo.jsonl)')
+                   help='steps that teach the second model the tool (default: %(default)s; times: records/demo.jsonl)')
     a = p.parse_args(argv)
     check_not_empty(vars(a))
     probe_writable(a.out)   # an unwritable --out fails here, not after the plan is printed

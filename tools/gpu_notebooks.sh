@@ -13,11 +13,13 @@ for m in ('torchao', 'liger_kernel', 'nbdev'):
 PY
 # what the records held before: only the lines the chapters append come back, in $OUT/notebook-records (so a bench
 # run earlier in the same command keeps its $OUT/records, and a handful of small files travel, not every record)
+# the wheels gpu_env.sh installed (a machine without nbdev), else the nbdev on the PATH
+nbdev_test=/tmp/site/bin/nbdev-test; [ -x "$nbdev_test" ] || nbdev_test=nbdev-test
 snap=$(mktemp -d); cp records/*.jsonl "$snap/"
 status=0
 for nb in "$@"; do
   echo "== $nb"; start=$(date +%s)
-  /tmp/site/bin/nbdev-test --flags gpu --n-workers 1 --do-print --verbose --timing "$nb" || status=1
+  "$nbdev_test" --flags gpu --n-workers 1 --do-print --verbose --timing "$nb" || status=1
   echo "   $(( $(date +%s) - start )) s"
   # after every chapter, so a run cut short by the time limit still brings back what it measured
   if [ -n "${OUT:-}" ]; then

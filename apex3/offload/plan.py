@@ -355,7 +355,8 @@ def _plan_parser():
     p.add_argument('--batch-tokens', help='tokens per step (default: 4.19M)')
     p.add_argument('--layers', type=int, help='depth (default: from d = 128·L)')
     p.add_argument('--width', type=int, help='model width (default: 128·L)')
-    p.add_argument('--mfu', type=float, help='fraction of the dense peak reached (default: 0.4)')
+    p.add_argument('--mfu', type=float,
+                   help="fraction of the GPU's dense peak at --precision reached: FP8's with fp8 (default: 0.4)")
     p.add_argument('--json', action='store_true', help='print every figure as JSON')
     _one_gpu_args(p.add_argument_group('one GPU with host offload (with --config)'), p)
     return p

@@ -168,7 +168,8 @@ def _dup_bound(grams, lens, doc, dup_n, B) -> np.ndarray:
     j = np.flatnonzero(_within(doc, dup_n))
     j = j[_doc_counts(grams[dup_n - 1][j], doc[j]) > 1]  # where a repeating `dup_n`-gram starts
     cover = np.zeros(len(doc) + 1, np.int64)  # every n-gram that repeats (n >= dup_n) lies in repeating dup_n-grams
-    np.add.at(cover, j, 1); np.add.at(cover, j + dup_n, -1)
+    np.add.at(cover, j, 1)
+    np.add.at(cover, j + dup_n, -1)
     covered = np.cumsum(cover[:-1]) > 0
     return np.bincount(doc[covered], weights=lens[covered] + 1, minlength=B)
 

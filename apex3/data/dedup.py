@@ -7,13 +7,14 @@ from __future__ import annotations
 import io, json
 from pathlib import Path
 import numpy as np, xxhash
-from .core import Document, Step, Stage, MapStage, TaskContext, list_shards, read_docs, atomic_write_bytes
+from .core import (Document, Stage, TaskContext, list_shards, read_docs, read_jsonl_zst, write_jsonl_zst,
+                             atomic_write_bytes)
 from .decontaminate import text_word_hashes, ngram_hashes, mix64, FNV_PRIME, word_spans
 
 # %% auto #0
 __all__ = ['BINS', 'CONFIGS', 'MinHasher', 'exact_hash', 'batch_word_hashes', 'batches', 'Signatures', 'equal_runs',
-           'candidate_pairs', 'jaccard', 'Clusters', 'DropListed', 'dedup_stages', 'near_copy', 'jaccard_pairs',
-           'pair_recall', 'dedup_bench']
+           'candidate_pairs', 'shingle_set', 'jaccard', 'Clusters', 'DropListed', 'dedup_stages', 'near_copy',
+           'jaccard_pairs', 'pair_recall', 'dedup_bench']
 
 # %% ../../nbs/54_dedup.ipynb #676fa119
 class MinHasher:
@@ -44,17 +45,18 @@ class MinHasher:
             per_doc[short] = 1
         return g, np.r_[0, np.cumsum(per_doc)]
 
-    def minhashes(self, shingles, offsets=None, block=4096) -> np.ndarray:
+    def minhashes(self, shingles, offsets=None, block=16384) -> np.ndarray:
         "`[docs, bands * rows]` minima of the documents `shingles[offsets[k]:offsets[k + 1]]` (all ones if empty)."
         offsets = np.array([0, len(shingles)]) if offsets is None else np.asarray(offsets)
         s = shingles.astype(np.uint32)  # the low 32 bits
         m = np.full((len(offsets) - 1, self.bands * self.rows), 2**32 - 1, np.uint32)
         cuts = np.unique(np.concatenate([offsets, np.arange(0, len(s), block)]))[:-1]  # where a piece starts
         doc = np.searchsorted(offsets, cuts, 'right') - 1
+        buf = np.empty((self.bands * self.rows, min(block, len(s))), np.uint32)  # one product buffer for every block
         with np.errstate(over='ignore'):
             for lo in range(0, len(s), block):  # one block of shingles, cut at documents, per broadcast
                 k = slice(*np.searchsorted(cuts, [lo, lo + block]))
-                t = np.multiply(self.a[:, None], s[None, lo:lo + block])
+                t = np.multiply(self.a[:, None], s[None, lo:lo + block], out=buf[:, :min(block, len(s) - lo)])
                 t += self.b[:, None]
                 m[doc[k]] = np.minimum(m[doc[k]], np.minimum.reduceat(t, cuts[k] - lo, axis=1).T)
         return m
@@ -115,37 +117,54 @@ class Signatures(Stage):
         atomic_write_bytes(Path(self.out)/f'{self.task_name(i)}.shingles.npy', buf.getvalue())
         buf = io.BytesIO()
         np.savez(buf, bands=self.hasher.band_hashes(self.hasher.minhashes(sh, offsets)),
-                 exact=np.array(exact, np.uint64), offsets=offsets)
+                 exact=np.array(exact, np.uint64), offsets=offsets, nbytes=nbytes)
         atomic_write_bytes(Path(self.out)/f'{self.task_name(i)}.npz', buf.getvalue())
         return {'docs_in': len(exact), 'bytes_in': nbytes}
 
 # %% ../../nbs/54_dedup.ipynb #50941045
-def _union_find(n, groups) -> np.ndarray:
-    "Root (lowest member) of each of `n` items after merging every group of indices in `groups`."
-    parent = np.arange(n)
-    def find(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-    for g in groups:
-        roots = [find(x) for x in g]
-        r = min(roots)
-        for x in roots: parent[x] = r
-    return np.array([find(x) for x in range(n)], np.int64)  # an index array even when `n` is 0
+def _union_find(n, edges) -> np.ndarray:
+    """Root (lowest member) of each of `n` items after merging the two ends of every edge (`[m, 2]` indices): array
+    passes that hook each edge's higher root under its lower one, then jump every item to its root's root, until no
+    edge joins two roots."""
+    root, e = np.arange(n), np.asarray(edges, np.int64).reshape(-1, 2)
+    while len(e):
+        r = root[e]
+        e = e[r[:, 0] != r[:, 1]]  # edges inside one tree are done
+        if not len(e): break
+        r = root[e]
+        np.minimum.at(root, r.max(1), r.min(1))  # a root only ever moves to a lower index: the lowest stays its own
+        while True:
+            up = root[root]
+            if (up == root).all(): break
+            root = up
+    return root
+
+def _run_bounds(s) -> tuple:
+    "(start, end) of the runs of equal values in a sorted 1-D array."
+    cuts = np.flatnonzero(s[1:] != s[:-1]) + 1
+    return np.r_[0, cuts], np.r_[cuts, len(s)]
+
+def _sorted_order(col) -> np.ndarray:
+    """`np.argsort(col, kind='stable')` from an unstable sort (a quarter of the cost on 64-bit keys): only the members
+    of runs of equal values, a few, are put back in index order."""
+    o = np.argsort(col)
+    lo, hi = _run_bounds(col[o])
+    size = hi - lo
+    at = np.flatnonzero(np.repeat(size > 1, size))  # the places of the members of runs of two or more
+    if len(at): o[at] = o[at][np.lexsort((o[at], np.repeat(lo, size)[at]))]
+    return o
 
 def equal_runs(col) -> list:
     "Index groups (size ≥ 2) of equal values in a 1-D array."
-    o = np.argsort(col, kind='stable')
-    s = col[o]
-    cuts = np.flatnonzero(s[1:] != s[:-1]) + 1
-    return [g for g in np.split(o, cuts) if len(g) > 1]
+    o = _sorted_order(col)
+    lo, hi = _run_bounds(col[o])
+    return [o[a:b] for a, b in zip(lo.tolist(), hi.tolist()) if b - a > 1]
 
 def candidate_pairs(bands) -> np.ndarray:
     "Unique pairs `(i, j)`, `i < j`, sharing a band: each run's members with its first and with their neighbour."
     out = [np.zeros((0, 2), np.int64)]
     for b in range(bands.shape[1]):
-        o = np.argsort(bands[:, b], kind='stable')  # a run of equal hashes lists its documents in order
+        o = _sorted_order(bands[:, b])  # a run of equal hashes lists its documents in order
         s = bands[o, b]
         new = np.r_[True, s[1:] != s[:-1]]
         first = o[np.maximum.accumulate(np.where(new, np.arange(len(s)), 0))]
@@ -153,15 +172,25 @@ def candidate_pairs(bands) -> np.ndarray:
         out += [np.stack([first[k], o[k]], 1), np.stack([o[k - 1], o[k]], 1)]
     return np.unique(np.concatenate(out), axis=0)
 
+def shingle_set(x) -> np.ndarray:
+    "The sorted unique values of `x` (`np.unique`, without its per-call cost: this runs once per paired document)."
+    s = np.sort(x)
+    keep = np.empty(len(s), bool)
+    keep[:1] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
 def jaccard(a, b) -> float:
     "Jaccard similarity of two sorted arrays of unique shingle hashes (two empty sets are equal)."
-    if not len(a) and not len(b): return 1.0
-    inter = len(np.intersect1d(a, b, assume_unique=True))
+    if not len(a) or not len(b): return float(not len(a) and not len(b))
+    if len(a) < len(b): a, b = b, a
+    at = np.minimum(np.searchsorted(a, b), len(a) - 1)  # each of the smaller set's values looked up in the larger
+    inter = int(np.count_nonzero(a[at] == b))
     return inter / (len(a) + len(b) - inter)
 
 def _load_signatures(files):
-    """(documents per shard, bands, exact hashes, `shingles_of(k)`: document k's shingles by global index). The
-    shingle files stay on disk, memory-mapped: only the documents of candidate pairs are read."""
+    """(documents per shard, bands, exact hashes, `shingles_of(k)`: document k's shingles by global index, text bytes
+    per shard). The shingle files stay on disk, memory-mapped: only the documents of candidate pairs are read."""
     sigs = [np.load(f) for f in files]
     cat = lambda k, shape: np.concatenate([s[k] for s in sigs]) if sigs else np.zeros(shape, np.uint64)
     maps = [np.load(f.with_name(f.name.removesuffix('.npz') + '.shingles.npy'), mmap_mode='r') for f in files]
@@ -171,7 +200,12 @@ def _load_signatures(files):
         f = int(np.searchsorted(starts, k, 'right')) - 1
         j = k - starts[f]
         return np.asarray(maps[f][offs[f][j]:offs[f][j + 1]])
-    return sizes, cat('bands', (0, 1)), cat('exact', 0), shingles_of
+    return sizes, cat('bands', (0, 1)), cat('exact', 0), shingles_of, [int(s['nbytes']) for s in sigs]
+
+def _run_edges(groups) -> np.ndarray:
+    "`[m, 2]` edges joining each group's members to its first."
+    if not groups: return np.zeros((0, 2), np.int64)
+    return np.concatenate([np.stack([np.full(len(g) - 1, g[0]), g[1:]], 1) for g in groups])
 
 class Clusters(Stage):
     "Dedup stage 2 (one task): cluster all documents, write the removal list of each shard."
@@ -179,44 +213,54 @@ class Clusters(Stage):
         self.sig_dir, self.out, self.name, self.threshold = str(sig_dir), str(out), 'dedup:clusters', threshold
     def run(self, i):
         files = sorted(Path(self.sig_dir).glob('*.npz'))
-        sizes, bands, exact, shingles_of = _load_signatures(files)
+        sizes, bands, exact, shingles_of, nbytes = _load_signatures(files)
         pairs = candidate_pairs(bands)
         n_candidates = len(pairs)
         if self.threshold is not None:
-            sets = {k: np.unique(shingles_of(k)) for k in np.unique(pairs).tolist()}  # only the paired documents
-            sim = np.array([jaccard(sets[a], sets[b]) for a, b in pairs])
+            sets = {k: shingle_set(shingles_of(k)) for k in np.unique(pairs).tolist()}  # only the paired documents
+            sim = np.array([jaccard(sets[a], sets[b]) for a, b in pairs.tolist()])
             pairs = pairs[sim >= self.threshold] if len(pairs) else pairs
-        root = _union_find(len(exact), equal_runs(exact) + list(pairs))
+        root = _union_find(len(exact), np.concatenate([_run_edges(equal_runs(exact)), pairs]))
         gone = np.flatnonzero(root != np.arange(len(exact)))
         is_exact = exact[gone] == exact[root[gone]]
         starts = np.cumsum([0] + sizes)
         for k, f in enumerate(files):
             m = (gone >= starts[k]) & (gone < starts[k + 1])
             rec = {'positions': (gone[m] - starts[k]).tolist(), 'exact': is_exact[m].tolist(),
-                   'kept_as': [int(x) for x in root[gone[m]]]}
+                   'kept_as': [int(x) for x in root[gone[m]]], 'bytes_in': nbytes[k]}
             atomic_write_bytes(Path(self.out)/f"{f.name.removesuffix('.npz')}.json", json.dumps(rec).encode())
         return {'docs_in': len(exact), 'clusters': int(len(np.unique(root[gone]))),
                 'removed_exact': int(is_exact.sum()), 'removed_near': int((~is_exact).sum()),
                 'candidate_pairs': int(n_candidates), 'merged_pairs': int(len(pairs))}
 
 # %% ../../nbs/54_dedup.ipynb #cd5818ba
-class DropListed(Step):
-    "Dedup stage 3's step: drop the documents the clusters stage listed for this shard."
-    name = 'dedup'
-    def __init__(self, lists_dir): self.lists_dir = str(lists_dir)
-    def setup(self, ctx):
+class DropListed(Stage):
+    """Dedup stage 3: copy each shard of `src` to `out` without the documents the clusters stage listed, which go to its
+    rejects. Kept lines are copied as they are, not parsed and written again: only the removed ones are parsed."""
+    def __init__(self, src, lists_dir, out):
+        self.src, self.lists_dir, self.out, self.name = str(src), str(lists_dir), str(out), 'dedup:filter'
+        self.shards = list_shards(self.src)
+    def n_tasks(self): return len(self.shards)
+    def task_name(self, i): return Path(self.shards[i]).name.removesuffix('.jsonl.zst')
+    def run(self, i):
+        ctx = TaskContext(self.task_name(i))
         rec = json.loads((Path(self.lists_dir)/f'{ctx.shard}.json').read_text())
-        self.why = {p: ('exact' if e else 'near') for p, e in zip(rec['positions'], rec['exact'])}
-        self.pos = -1
-    def keep(self, doc):
-        self.pos += 1
-        return self.why.get(self.pos, doc)
+        why = {p: ('exact' if e else 'near') for p, e in zip(rec['positions'], rec['exact'])}
+        lines = list(read_jsonl_zst(self.shards[i]))
+        for p, reason in why.items():
+            ctx.counts[f'dedup/removed:{reason}'] += 1
+            ctx.reject(Document.from_json(lines[p]), 'dedup', reason)
+        kept = [l for p, l in enumerate(lines) if p not in why]
+        if kept: ctx.counts['dedup/kept'] = len(kept)  # a step's counter: absent when nothing was kept
+        n = write_jsonl_zst(Path(self.out)/Path(self.shards[i]).name, kept)
+        write_jsonl_zst(Path(self.out)/'rejects'/Path(self.shards[i]).name, ctx.rejects)
+        return {**ctx.counts, 'docs_in': len(lines), 'bytes_in': rec['bytes_in'], 'docs_out': n}
 
 def dedup_stages(src, work, out, hasher=None, threshold=0.7) -> list:
     "The three dedup stages reading document shards from `src`, writing kept documents to `out`."
     work = Path(work)
     return [Signatures(src, work/'signatures', hasher), Clusters(work/'signatures', work/'clusters', threshold),
-            MapStage('dedup:filter', src, out, [DropListed(work/'clusters')])]
+            DropListed(src, work/'clusters', out)]
 
 # %% ../../nbs/54_dedup.ipynb #9a4c0d03
 def near_copy(text, rng, every=100) -> str:

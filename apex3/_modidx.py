@@ -426,6 +426,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'apex3.data.core.marker_path': ('data.html#marker_path', 'apex3/data/core.py'),
                                  'apex3.data.core.read_docs': ('data.html#read_docs', 'apex3/data/core.py'),
                                  'apex3.data.core.read_jsonl_zst': ('data.html#read_jsonl_zst', 'apex3/data/core.py'),
+                                 'apex3.data.core.read_jsonl_zst_bytes': ('data.html#read_jsonl_zst_bytes', 'apex3/data/core.py'),
+                                 'apex3.data.core.read_zst': ('data.html#read_zst', 'apex3/data/core.py'),
                                  'apex3.data.core.remove_stale_temps': ('data.html#remove_stale_temps', 'apex3/data/core.py'),
                                  'apex3.data.core.run_rank': ('data.html#run_rank', 'apex3/data/core.py'),
                                  'apex3.data.core.run_task': ('data.html#run_task', 'apex3/data/core.py'),

@@ -14,10 +14,10 @@ from .scrub import redacted_preview
 
 # %% auto #0
 __all__ = ['PR_SET_PDEATHSIG', 'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes',
-           'write_jsonl_zst', 'read_jsonl_zst', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage',
-           'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs',
-           'MapStage', 'remove_stale_temps', 'die_with_parent', 'WorkerDied', 'worker_died_line', 'LocalExecutor',
-           'RayExecutor', 'stdlib_files']
+           'write_jsonl_zst', 'read_zst', 'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step',
+           'TaskContext', 'Stage', 'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards',
+           'write_task_outputs', 'MapStage', 'remove_stale_temps', 'die_with_parent', 'WorkerDied', 'worker_died_line',
+           'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -90,11 +90,20 @@ def write_jsonl_zst(path, rows: Iterable[str | bytes]) -> int:
     atomic_write_bytes(path, zstandard.ZstdCompressor(level=3).compress(b''.join(r + b'\n' for r in rows)))
     return len(rows)
 
+def read_zst(path) -> bytes:
+    "The content of a zstandard-compressed file, whole (a shard is read whole: stages write shards of bounded size)."
+    with open(path, 'rb') as f, zstandard.ZstdDecompressor().stream_reader(f) as r: return r.read()
+
 def read_jsonl_zst(path) -> Iterator[str]:
-    "Lines of a zstandard-compressed JSONL file (a shard is read whole: stages write shards of bounded size)."
-    with open(path, 'rb') as f, zstandard.ZstdDecompressor().stream_reader(f) as r:
-        text = r.read().decode('utf-8', 'surrogatepass')
+    "Lines of a zstandard-compressed JSONL file, blank and all-space lines skipped."
+    text = read_zst(path).decode('utf-8', 'surrogatepass')
     yield from (l for l in text.split('\n') if l and not l.isspace())
+
+def read_jsonl_zst_bytes(path) -> list:
+    """`read_jsonl_zst`'s lines as UTF-8 bytes, the shard not decoded: for a stage that copies lines as they are.
+    A line that starts with `{` is not all space; another is decoded to ask (`str.isspace` knows more than ASCII's)."""
+    return [l for l in read_zst(path).split(b'\n')
+            if l[:1] == b'{' or (l and not l.decode('utf-8', 'surrogatepass').isspace())]
 
 def write_docs(path, docs: Iterable[Document]) -> int: return write_jsonl_zst(path, (d.json_bytes() for d in docs))
 def read_docs(path) -> Iterator[Document]: return (Document.from_json(l) for l in read_jsonl_zst(path))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import io, json
 from pathlib import Path
 import numpy as np, xxhash
-from .core import (Document, Stage, TaskContext, list_shards, read_docs, read_jsonl_zst, write_jsonl_zst,
-                             atomic_write_bytes)
+from .core import (Document, Stage, TaskContext, list_shards, read_docs, read_jsonl_zst_bytes,
+                             write_jsonl_zst, atomic_write_bytes)
 from .decontaminate import text_word_hashes, ngram_hashes, mix64, FNV_PRIME, word_spans
 
 # %% auto #0
@@ -297,10 +297,10 @@ class DropListed(Stage):
         ctx = TaskContext(self.task_name(i))
         rec = json.loads((Path(self.lists_dir)/f'{ctx.shard}.json').read_text())
         why = {p: ('exact' if e else 'near') for p, e in zip(rec['positions'], rec['exact'])}
-        lines = list(read_jsonl_zst(self.shards[i]))
+        lines = read_jsonl_zst_bytes(self.shards[i])
         for p, reason in why.items():
             ctx.counts[f'dedup/removed:{reason}'] += 1
-            ctx.reject(Document.from_json(lines[p]), 'dedup', reason)
+            ctx.reject(Document.from_json(lines[p].decode('utf-8', 'surrogatepass')), 'dedup', reason)
         kept = [l for p, l in enumerate(lines) if p not in why]
         if kept: ctx.counts['dedup/kept'] = len(kept)  # a step's counter: absent when nothing was kept
         n = write_jsonl_zst(Path(self.out)/Path(self.shards[i]).name, kept)

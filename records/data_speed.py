@@ -32,18 +32,23 @@ MIN_CPU_S = 1.0
 HERE = Path(__file__).parent
 WORK = Path(os.environ.get('APEX3_DATA_SPEED_WORK', '/tmp/apex3-data-speed'))  # one per concurrent run
 
-# ---- the apex3 side, run as `--child TASK SRC OUT WORKERS` in a fresh process
+# ---- the apex3 side, run as `--child TASK SRC OUT WORKERS` in a fresh process (importing only the task's module)
+def dedup_stages(src, out):
+    from apex3.data.dedup import dedup_stages
+    return dedup_stages(src, out/'work', out/'kept')
+
+def clean_stages(src, out):
+    from apex3.data.core import MapStage
+    from apex3.data.clean import C4Lines, GopherRepetition, GopherQuality, FineWebQuality
+    return [MapStage('clean', src, out/'kept', [C4Lines(), GopherRepetition(), GopherQuality(), FineWebQuality()])]
+
 def child(task, src, out, workers=1):
     "Run one apex3 task on the shards in `src`; print its stage sums and removals as JSON."
     import shutil
-    from apex3.data.core import LocalExecutor, MapStage, list_shards, read_jsonl_zst
-    from apex3.data.clean import C4Lines, GopherRepetition, GopherQuality, FineWebQuality
-    from apex3.data.dedup import dedup_stages
+    from apex3.data.core import LocalExecutor, list_shards, read_jsonl_zst
     src, out = Path(src), Path(out)
     if out.exists(): shutil.rmtree(out)
-    kind = task.split(':')[0]
-    stages = (dedup_stages(src, out/'work', out/'kept') if kind == 'dedup' else
-              [MapStage('clean', src, out/'kept', [C4Lines(), GopherRepetition(), GopherQuality(), FineWebQuality()])])
+    stages = (dedup_stages if task.split(':')[0] == 'dedup' else clean_stages)(src, out)
     t0 = time.perf_counter()
     with LocalExecutor(int(workers), progress=False) as ex: recs = [ex.run(st) for st in stages]
     wall = time.perf_counter() - t0

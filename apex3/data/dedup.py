@@ -48,7 +48,7 @@ class MinHasher:
     def minhashes(self, shingles, offsets=None, block=16384) -> np.ndarray:
         "`[docs, bands * rows]` minima of the documents `shingles[offsets[k]:offsets[k + 1]]` (all ones if empty)."
         offsets = np.array([0, len(shingles)]) if offsets is None else np.asarray(offsets)
-        s = shingles.astype(np.uint32)  # the low 32 bits
+        s = np.asarray(shingles, np.uint32)  # the low 32 bits
         m = np.full((len(offsets) - 1, self.bands * self.rows), 2**32 - 1, np.uint32)
         cuts = np.unique(np.concatenate([offsets, np.arange(0, len(s), block)]))[:-1]  # where a piece starts
         doc = np.searchsorted(offsets, cuts, 'right') - 1
@@ -113,6 +113,7 @@ class Signatures(Stage):
         sh = np.concatenate(shingles) if shingles else np.zeros(0, np.uint64)
         offsets = np.r_[0, np.cumsum(np.concatenate(counts))] if counts else np.zeros(1, np.int64)
         out = Path(self.out)/self.task_name(i)
+        sh = sh.astype(np.uint32)  # the bits the MinHash reads; the verify stage's sets are of these too
         _save_npy(out.with_suffix('.shingles.npy'), sh)  # apart: the verify stage maps it, reads the paired documents'
         bands = self.hasher.band_hashes(self.hasher.minhashes(sh, offsets))
         _save_npy(out.with_suffix('.bands.npy'), np.ascontiguousarray(bands.T))  # a band's column is one run of bytes

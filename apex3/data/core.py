@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Iterable
 import orjson, zstandard
-from .scrub import redacted_preview
 
 # %% auto #0
 __all__ = ['PR_SET_PDEATHSIG', 'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes',
@@ -137,6 +136,7 @@ class TaskContext:
     keep_rejected_text: int = 200
     def reject(self, doc, step, reason, detail=''):
         "Record a removed document: its id, the step, the reason and a redacted preview of its text."
+        from apex3.data.scrub import redacted_preview  # here: a task that removes nothing does not compile its rules
         self.rejects.append(
             json.dumps(
                 {
@@ -288,6 +288,16 @@ def worker_died_line(stage, exit_codes, started) -> str:
     task = f'task {stage.task_name(running[pid])}' if pid in running else 'no task'
     return f'a pool worker (pid {pid}) {_how_it_ended(code)} while running {task} of stage {stage.name}; {tail}'
 
+class _NoBar:
+    "What a run without bars updates (importing tqdm costs a few hundredths of a second per run)."
+    def update(self, n=1): pass
+    def close(self): pass
+
+def _progress_bar(total, desc, quiet):
+    if quiet: return _NoBar()
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=desc, disable=quiet, leave=False)
+
 class LocalExecutor:
     "Run a stage's unfinished tasks on a local process pool (in-process when `workers == 1`), one pool for every stage."
     def __init__(self, workers=1, progress=True, workers_die_with_parent=True):
@@ -317,11 +327,10 @@ class LocalExecutor:
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
     def run(self, stage) -> list:
-        from tqdm.auto import tqdm
         import concurrent.futures as cf
         todo = _pending(stage)
         quiet = True if not self.progress or not todo else None  # None: only on a terminal (a log gets no bars)
-        bar = tqdm(total=len(todo), desc=stage.name, disable=quiet, leave=False)
+        bar = _progress_bar(len(todo), stage.name, quiet)
         if self.workers <= 1 or len(todo) <= 1:
             for i in todo:
                 run_task(stage, i)

@@ -86,7 +86,8 @@ def atomic_write_bytes(path, data: bytes):
 def write_jsonl_zst(path, rows: Iterable[str | bytes]) -> int:
     "Atomically write lines of JSON (text or UTF-8) as a zstandard-compressed file; return the line count."
     rows = [r if isinstance(r, bytes) else r.encode('utf-8', 'surrogatepass') for r in rows]
-    atomic_write_bytes(path, zstandard.ZstdCompressor(level=3).compress(b''.join(r + b'\n' for r in rows)))
+    data = b'\n'.join(rows) + b'\n' if rows else b''  # one join: no new bytes object per line
+    atomic_write_bytes(path, zstandard.ZstdCompressor(level=3).compress(data))
     return len(rows)
 
 def read_zst(path) -> bytes:

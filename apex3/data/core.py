@@ -36,8 +36,10 @@ class Document:
 
     @classmethod
     def from_json(cls, line):
+        "A document from its JSON line, text or UTF-8 bytes (with lone surrogates as shards store them)."
         try: d = orjson.loads(line)
-        except orjson.JSONDecodeError: d = json.loads(line)  # the same cases, or the error for a bad line
+        except orjson.JSONDecodeError:  # lone surrogates, which orjson refuses, or the error for a bad line
+            d = json.loads(line.decode('utf-8', 'surrogatepass') if isinstance(line, bytes) else line)
         return cls(d['id'], d['text'], d.get('meta', {}))
 
     @property
@@ -106,7 +108,9 @@ def read_jsonl_zst_bytes(path) -> list:
             if l[:1] == b'{' or (l and not l.decode('utf-8', 'surrogatepass').isspace())]
 
 def write_docs(path, docs: Iterable[Document]) -> int: return write_jsonl_zst(path, (d.json_bytes() for d in docs))
-def read_docs(path) -> Iterator[Document]: return (Document.from_json(l) for l in read_jsonl_zst(path))
+def read_docs(path) -> Iterator[Document]:
+    "The documents of a shard, parsed from its byte lines (decoding the shard to text first made this 1.8× as slow)."
+    yield from (Document.from_json(l) for l in read_jsonl_zst_bytes(path))
 
 # %% ../../nbs/50_data.ipynb #5d7a26e1
 class Step:

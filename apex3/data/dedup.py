@@ -191,9 +191,9 @@ def shingle_set(x) -> np.ndarray:
 def jaccard(a, b) -> float:
     "Jaccard similarity of two sorted arrays of unique shingle hashes (two empty sets are equal)."
     if not len(a) or not len(b): return float(not len(a) and not len(b))
-    if len(a) < len(b): a, b = b, a
-    at = np.minimum(np.searchsorted(a, b), len(a) - 1)  # each of the smaller set's values looked up in the larger
-    inter = int(np.count_nonzero(a[at] == b))
+    both = np.concatenate([a, b])
+    both.sort(kind='stable')  # two sorted runs: timsort merges them in one pass
+    inter = int(np.count_nonzero(both[1:] == both[:-1]))  # a value of both sets lies next to itself
     return inter / (len(a) + len(b) - inter)
 
 def _npz_names(sig_dir) -> list:

@@ -426,6 +426,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'apex3.data.core.current_umask': ('data.html#current_umask', 'apex3/data/core.py'),
                                  'apex3.data.core.die_with_parent': ('data.html#die_with_parent', 'apex3/data/core.py'),
                                  'apex3.data.core.is_done': ('data.html#is_done', 'apex3/data/core.py'),
+                                 'apex3.data.core.keep_freed_memory': ('data.html#keep_freed_memory', 'apex3/data/core.py'),
                                  'apex3.data.core.list_shards': ('data.html#list_shards', 'apex3/data/core.py'),
                                  'apex3.data.core.marker_path': ('data.html#marker_path', 'apex3/data/core.py'),
                                  'apex3.data.core.read_docs': ('data.html#read_docs', 'apex3/data/core.py'),

@@ -12,10 +12,11 @@ from typing import Iterator, Iterable
 import orjson, zstandard
 
 # %% auto #0
-__all__ = ['PR_SET_PDEATHSIG', 'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes',
-           'write_jsonl_zst', 'read_zst', 'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step',
-           'TaskContext', 'Stage', 'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards',
-           'write_task_outputs', 'MapStage', 'remove_stale_temps', 'die_with_parent', 'WorkerDied', 'worker_died_line',
+__all__ = ['PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document', 'without_surrogates',
+           'current_umask', 'atomic_write_bytes', 'write_jsonl_zst', 'read_zst', 'read_jsonl_zst',
+           'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage', 'marker_path', 'is_done',
+           'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs', 'MapStage',
+           'remove_stale_temps', 'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line',
            'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
@@ -262,10 +263,29 @@ class WorkerDied(RuntimeError):
 
 _STARTED = None  # in a pool worker: the queue on which it tells the parent which task it starts
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # from <malloc.h>
+_KEEPS_MEMORY = False
+
+def keep_freed_memory(mmap_below=32 << 20, trim_above=256 << 20) -> bool:
+    """Ask the C allocator to serve blocks under `mmap_below` bytes from its heap and to keep freed memory up to
+    `trim_above`: a task's buffers (a shard's bytes, its compressed output: a few to tens of MB) are otherwise mapped
+    and unmapped one by one, and each page faulted in again for the next shard. Once per process; False, with a
+    warning, where the allocator has no `mallopt` (not glibc)."""
+    global _KEEPS_MEMORY
+    if _KEEPS_MEMORY: return True
+    import ctypes
+    try: mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        logging.getLogger(__name__).warning('no mallopt (not glibc): freed task buffers go back to the kernel')
+        return False
+    _KEEPS_MEMORY = bool(mallopt(M_MMAP_THRESHOLD, mmap_below)) and bool(mallopt(M_TRIM_THRESHOLD, trim_above))
+    return _KEEPS_MEMORY
+
 def _worker_init(parent, started, die):
-    "Pool worker initializer: keep the queue of started tasks; with `die`, end when process `parent` ends."
+    "Pool worker initializer: keep the queue of started tasks and freed memory; with `die`, end when `parent` ends."
     global _STARTED
     _STARTED = started
+    keep_freed_memory()
     if die: die_with_parent(parent)
 
 def _run_and_report(stage, i):
@@ -337,6 +357,7 @@ class LocalExecutor:
         quiet = True if not self.progress or not todo else None  # None: only on a terminal (a log gets no bars)
         bar = _progress_bar(len(todo), stage.name, quiet)
         if self.workers <= 1 or len(todo) <= 1:
+            if todo: keep_freed_memory()  # this process runs the tasks
             for i in todo:
                 run_task(stage, i)
                 bar.update()

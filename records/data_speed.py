@@ -26,24 +26,28 @@ strings: independent of both tools' MinHash) — kind `data_speed_disagree`."""
 import argparse, functools, json, os, re, resource, shlex, statistics, subprocess, sys, time
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
-from data_speed_inputs import DEFAULT_OUT, build_inputs, input_dir
 
 MIN_CPU_S = 1.0
 HERE = Path(__file__).parent
 WORK = Path(os.environ.get('APEX3_DATA_SPEED_WORK', '/tmp/apex3-data-speed'))  # one per concurrent run
 
-# ---- the apex3 side, run as `--child TASK SRC OUT WORKERS` in a fresh process
+# ---- the apex3 side, run as `--child TASK SRC OUT WORKERS` in a fresh process (importing only the task's module)
+def dedup_stages(src, out):
+    from apex3.data.dedup import dedup_stages
+    return dedup_stages(src, out/'work', out/'kept')
+
+def clean_stages(src, out):
+    from apex3.data.core import MapStage
+    from apex3.data.clean import C4Lines, GopherRepetition, GopherQuality, FineWebQuality
+    return [MapStage('clean', src, out/'kept', [C4Lines(), GopherRepetition(), GopherQuality(), FineWebQuality()])]
+
 def child(task, src, out, workers=1):
     "Run one apex3 task on the shards in `src`; print its stage sums and removals as JSON."
     import shutil
-    from apex3.data.core import LocalExecutor, MapStage, list_shards, read_jsonl_zst
-    from apex3.data.clean import C4Lines, GopherRepetition, GopherQuality, FineWebQuality
-    from apex3.data.dedup import dedup_stages
+    from apex3.data.core import LocalExecutor, list_shards, read_jsonl_zst
     src, out = Path(src), Path(out)
     if out.exists(): shutil.rmtree(out)
-    kind = task.split(':')[0]
-    stages = (dedup_stages(src, out/'work', out/'kept') if kind == 'dedup' else
-              [MapStage('clean', src, out/'kept', [C4Lines(), GopherRepetition(), GopherQuality(), FineWebQuality()])])
+    stages = (dedup_stages if task.split(':')[0] == 'dedup' else clean_stages)(src, out)
     t0 = time.perf_counter()
     with LocalExecutor(int(workers), progress=False) as ex: recs = [ex.run(st) for st in stages]
     wall = time.perf_counter() - t0
@@ -85,6 +89,7 @@ def speed_record(impl, task, size, rep, workers, info, r) -> dict:
 @functools.cache
 def input_info(size, task) -> tuple:
     "(folder, {docs, bytes}) of the input a task reads."
+    from data_speed_inputs import DEFAULT_OUT, input_dir  # here: a child and its workers need none of it
     d = input_dir(DEFAULT_OUT, task.split(':')[1], size)
     files = sorted(d.glob('*.jsonl.zst'))
     from apex3.data.core import read_docs
@@ -113,6 +118,7 @@ def bench(a):
     from apex3.records import append_records
     sizes, tasks, impls = [int(x) for x in a.sizes.split(',')], a.tasks.split(','), a.impls.split(',')
     workers = [int(x) for x in a.workers.split(',')]  # apex3 runs once per count, in turn within each repeat
+    from data_speed_inputs import DEFAULT_OUT, build_inputs
     build_inputs(DEFAULT_OUT, sizes)
     prov = dict(command='python records/data_speed.py ' + ' '.join(map(shlex.quote, sys.argv[1:])), cpus=os.cpu_count(),
                 datatrove=subprocess.run([a.datatrove_python, '-c', 'import importlib.metadata as m; print(m.version("datatrove"))'],
@@ -164,6 +170,7 @@ def nearest_kept_jaccard(texts, removed, kept) -> dict:
 def disagree(a):
     from apex3.records import append_records
     from apex3.data.core import read_docs
+    from data_speed_inputs import DEFAULT_OUT, input_dir
     recs = []
     for size in [int(x) for x in a.sizes.split(',')]:
         for src in ('code', 'prose'):

@@ -7,13 +7,14 @@ from __future__ import annotations
 import io, json
 from pathlib import Path
 import numpy as np, xxhash
-from .core import Document, Step, Stage, MapStage, TaskContext, list_shards, read_docs, atomic_write_bytes
+from .core import (Document, Stage, TaskContext, list_shards, read_docs, read_jsonl_zst_bytes,
+                             write_jsonl_zst, atomic_write_bytes)
 from .decontaminate import text_word_hashes, ngram_hashes, mix64, FNV_PRIME, word_spans
 
 # %% auto #0
 __all__ = ['BINS', 'CONFIGS', 'MinHasher', 'exact_hash', 'batch_word_hashes', 'batches', 'Signatures', 'equal_runs',
-           'candidate_pairs', 'jaccard', 'Clusters', 'DropListed', 'dedup_stages', 'near_copy', 'jaccard_pairs',
-           'pair_recall', 'dedup_bench']
+           'candidate_pairs', 'shingle_set', 'jaccard', 'Buckets', 'Verify', 'Clusters', 'DropListed', 'dedup_stages',
+           'near_copy', 'jaccard_pairs', 'pair_recall', 'dedup_bench']
 
 # %% ../../nbs/54_dedup.ipynb #676fa119
 class MinHasher:
@@ -44,17 +45,18 @@ class MinHasher:
             per_doc[short] = 1
         return g, np.r_[0, np.cumsum(per_doc)]
 
-    def minhashes(self, shingles, offsets=None, block=4096) -> np.ndarray:
+    def minhashes(self, shingles, offsets=None, block=16384) -> np.ndarray:
         "`[docs, bands * rows]` minima of the documents `shingles[offsets[k]:offsets[k + 1]]` (all ones if empty)."
         offsets = np.array([0, len(shingles)]) if offsets is None else np.asarray(offsets)
-        s = shingles.astype(np.uint32)  # the low 32 bits
+        s = np.asarray(shingles, np.uint32)  # the low 32 bits
         m = np.full((len(offsets) - 1, self.bands * self.rows), 2**32 - 1, np.uint32)
         cuts = np.unique(np.concatenate([offsets, np.arange(0, len(s), block)]))[:-1]  # where a piece starts
         doc = np.searchsorted(offsets, cuts, 'right') - 1
+        buf = np.empty((self.bands * self.rows, min(block, len(s))), np.uint32)  # one product buffer for every block
         with np.errstate(over='ignore'):
             for lo in range(0, len(s), block):  # one block of shingles, cut at documents, per broadcast
                 k = slice(*np.searchsorted(cuts, [lo, lo + block]))
-                t = np.multiply(self.a[:, None], s[None, lo:lo + block])
+                t = np.multiply(self.a[:, None], s[None, lo:lo + block], out=buf[:, :min(block, len(s) - lo)])
                 t += self.b[:, None]
                 m[doc[k]] = np.minimum(m[doc[k]], np.minimum.reduceat(t, cuts[k] - lo, axis=1).T)
         return m
@@ -110,113 +112,208 @@ class Signatures(Stage):
             counts.append(np.diff(so))
         sh = np.concatenate(shingles) if shingles else np.zeros(0, np.uint64)
         offsets = np.r_[0, np.cumsum(np.concatenate(counts))] if counts else np.zeros(1, np.int64)
+        out = Path(self.out)/self.task_name(i)
+        sh = sh.astype(np.uint32)  # the bits the MinHash reads; the verify stage's sets are of these too
+        _save_npy(out.with_suffix('.shingles.npy'), sh)  # apart: the verify stage maps it, reads the paired documents'
+        bands = self.hasher.band_hashes(self.hasher.minhashes(sh, offsets))
+        _save_npy(out.with_suffix('.bands.npy'), np.ascontiguousarray(bands.T))  # a band's column is one run of bytes
         buf = io.BytesIO()
-        np.save(buf, sh)  # apart, so that the clusters stage maps it and reads only the paired documents' shingles
-        atomic_write_bytes(Path(self.out)/f'{self.task_name(i)}.shingles.npy', buf.getvalue())
-        buf = io.BytesIO()
-        np.savez(buf, bands=self.hasher.band_hashes(self.hasher.minhashes(sh, offsets)),
-                 exact=np.array(exact, np.uint64), offsets=offsets)
-        atomic_write_bytes(Path(self.out)/f'{self.task_name(i)}.npz', buf.getvalue())
+        np.savez(buf, exact=np.array(exact, np.uint64), offsets=offsets, nbytes=nbytes)
+        atomic_write_bytes(out.with_suffix('.npz'), buf.getvalue())
         return {'docs_in': len(exact), 'bytes_in': nbytes}
 
+def _save_npy(path, a):
+    "Write array `a` to `path` as `.npy`, atomically."
+    buf = io.BytesIO()
+    np.save(buf, a)
+    atomic_write_bytes(path, buf.getvalue())
+
 # %% ../../nbs/54_dedup.ipynb #50941045
-def _union_find(n, groups) -> np.ndarray:
-    "Root (lowest member) of each of `n` items after merging every group of indices in `groups`."
-    parent = np.arange(n)
-    def find(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-    for g in groups:
-        roots = [find(x) for x in g]
-        r = min(roots)
-        for x in roots: parent[x] = r
-    return np.array([find(x) for x in range(n)], np.int64)  # an index array even when `n` is 0
+def _union_find(n, edges) -> np.ndarray:
+    """Root (lowest member) of each of `n` items after merging the two ends of every edge (`[m, 2]` indices): array
+    passes that hook each edge's higher root under its lower one, then jump every item to its root's root, until no
+    edge joins two roots."""
+    root, e = np.arange(n), np.asarray(edges, np.int64).reshape(-1, 2)
+    while len(e):
+        r = root[e]
+        e = e[r[:, 0] != r[:, 1]]  # edges inside one tree are done
+        if not len(e): break
+        r = root[e]
+        np.minimum.at(root, r.max(1), r.min(1))  # a root only ever moves to a lower index: the lowest stays its own
+        while True:
+            up = root[root]
+            if (up == root).all(): break
+            root = up
+    return root
+
+def _run_bounds(s) -> tuple:
+    "(start, end) of the runs of equal values in a sorted 1-D array."
+    cuts = np.flatnonzero(s[1:] != s[:-1]) + 1
+    return np.r_[0, cuts], np.r_[cuts, len(s)]
+
+def _sorted_order(col) -> np.ndarray:
+    """`np.argsort(col, kind='stable')` from an unstable sort (a quarter of the cost on 64-bit keys): only the members
+    of runs of equal values, a few, are put back in index order."""
+    o = np.argsort(col)
+    lo, hi = _run_bounds(col[o])
+    size = hi - lo
+    at = np.flatnonzero(np.repeat(size > 1, size))  # the places of the members of runs of two or more
+    if len(at): o[at] = o[at][np.lexsort((o[at], np.repeat(lo, size)[at]))]
+    return o
 
 def equal_runs(col) -> list:
     "Index groups (size ≥ 2) of equal values in a 1-D array."
-    o = np.argsort(col, kind='stable')
-    s = col[o]
-    cuts = np.flatnonzero(s[1:] != s[:-1]) + 1
-    return [g for g in np.split(o, cuts) if len(g) > 1]
+    o = _sorted_order(col)
+    lo, hi = _run_bounds(col[o])
+    return [o[a:b] for a, b in zip(lo.tolist(), hi.tolist()) if b - a > 1]
 
 def candidate_pairs(bands) -> np.ndarray:
     "Unique pairs `(i, j)`, `i < j`, sharing a band: each run's members with its first and with their neighbour."
     out = [np.zeros((0, 2), np.int64)]
     for b in range(bands.shape[1]):
-        o = np.argsort(bands[:, b], kind='stable')  # a run of equal hashes lists its documents in order
+        o = _sorted_order(bands[:, b])  # a run of equal hashes lists its documents in order
         s = bands[o, b]
         new = np.r_[True, s[1:] != s[:-1]]
         first = o[np.maximum.accumulate(np.where(new, np.arange(len(s)), 0))]
         k = np.flatnonzero(~new)  # members after the first of their run
         out += [np.stack([first[k], o[k]], 1), np.stack([o[k - 1], o[k]], 1)]
-    return np.unique(np.concatenate(out), axis=0)
+    pairs = np.concatenate(out)
+    return pairs[np.unique(_pair_keys(pairs, len(bands)), return_index=True)[1]]
+
+def shingle_set(x) -> np.ndarray:
+    "The sorted unique values of `x` (`np.unique`, without its per-call cost: this runs once per paired document)."
+    s = np.sort(x)
+    keep = np.empty(len(s), bool)
+    keep[:1] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
 
 def jaccard(a, b) -> float:
     "Jaccard similarity of two sorted arrays of unique shingle hashes (two empty sets are equal)."
-    if not len(a) and not len(b): return 1.0
-    inter = len(np.intersect1d(a, b, assume_unique=True))
+    if not len(a) or not len(b): return float(not len(a) and not len(b))
+    both = np.concatenate([a, b])
+    both.sort(kind='stable')  # two sorted runs: timsort merges them in one pass
+    inter = int(np.count_nonzero(both[1:] == both[:-1]))  # a value of both sets lies next to itself
     return inter / (len(a) + len(b) - inter)
 
-def _load_signatures(files):
-    """(documents per shard, bands, exact hashes, `shingles_of(k)`: document k's shingles by global index). The
-    shingle files stay on disk, memory-mapped: only the documents of candidate pairs are read."""
-    sigs = [np.load(f) for f in files]
-    cat = lambda k, shape: np.concatenate([s[k] for s in sigs]) if sigs else np.zeros(shape, np.uint64)
-    maps = [np.load(f.with_name(f.name.removesuffix('.npz') + '.shingles.npy'), mmap_mode='r') for f in files]
-    offs, sizes = [s['offsets'] for s in sigs], [len(s['exact']) for s in sigs]
-    starts = np.cumsum([0] + sizes)
+def _npz_names(sig_dir) -> list:
+    "The shard names of a signatures folder, sorted: the order of the documents' global indices."
+    return sorted(p.name.removesuffix('.npz') for p in Path(sig_dir).glob('*.npz'))
+
+def _shingles_of(sig_dir, names):
+    """`shingles_of(k)`: document k's shingles by global index. The shingle files stay on disk, memory-mapped: only the
+    documents of candidate pairs are read."""
+    offs = [np.load(Path(sig_dir)/f'{n}.npz')['offsets'] for n in names]
+    maps = [np.load(Path(sig_dir)/f'{n}.shingles.npy', mmap_mode='r') for n in names]
+    starts = np.cumsum([0] + [len(o) - 1 for o in offs])
     def shingles_of(k):
         f = int(np.searchsorted(starts, k, 'right')) - 1
         j = k - starts[f]
         return np.asarray(maps[f][offs[f][j]:offs[f][j + 1]])
-    return sizes, cat('bands', (0, 1)), cat('exact', 0), shingles_of
+    return shingles_of
+
+def _pair_keys(pairs, n) -> np.ndarray:
+    "One int64 per pair `(i, j)` of indices below `n`, ordered as the pairs are lexicographically."
+    return pairs[:, 0].astype(np.int64) * max(n, 1) + pairs[:, 1]
+
+class Buckets(Stage):
+    "Dedup stage 2: the candidate pairs of a group of bands (one task per group), for all documents."
+    def __init__(self, sig_dir, out, bands=25, group=5):
+        self.sig_dir, self.out, self.name = str(sig_dir), str(out), 'dedup:buckets'
+        self.bands, self.group = bands, group
+    def n_tasks(self): return -(-self.bands // self.group)
+    def run(self, i):
+        cols = slice(i * self.group, (i + 1) * self.group)
+        maps = [np.load(Path(self.sig_dir)/f'{n}.bands.npy', mmap_mode='r') for n in _npz_names(self.sig_dir)]
+        bands = np.concatenate([m[cols] for m in maps], axis=1) if maps else np.zeros((1, 0), np.uint64)
+        pairs = candidate_pairs(bands.T)
+        _save_npy(Path(self.out)/f'{self.task_name(i)}.npy', pairs)
+        return {'candidate_pairs': len(pairs)}
+
+class Verify(Stage):
+    """Dedup stage 3: the candidate pairs of every band group, merged when the exact Jaccard similarity of their
+    shingle sets reaches `threshold` (`None`: every candidate). Task `i` of `parts` checks the `i`-th slice of the
+    sorted pairs (neighbouring pairs share their first document, whose set is built once)."""
+    def __init__(self, sig_dir, buckets_dir, out, threshold=0.7, parts=4):
+        self.sig_dir, self.buckets_dir, self.out, self.name = str(sig_dir), str(buckets_dir), str(out), 'dedup:verify'
+        self.threshold, self.parts = threshold, parts
+    def n_tasks(self): return self.parts
+    def run(self, i):
+        names = _npz_names(self.sig_dir)
+        n = sum(len(np.load(Path(self.sig_dir)/f'{x}.npz')['exact']) for x in names)
+        found = [np.load(f) for f in sorted(Path(self.buckets_dir).glob('*.npy'))]
+        keys = np.unique(np.concatenate([_pair_keys(p, n) for p in found] + [np.zeros(0, np.int64)]))
+        keys = np.array_split(keys, self.parts)[i]
+        pairs = np.stack([keys // max(n, 1), keys % max(n, 1)], 1)
+        if self.threshold is not None and len(pairs):
+            shingles_of = _shingles_of(self.sig_dir, names)
+            sets = {k: shingle_set(shingles_of(k)) for k in np.unique(pairs).tolist()}  # only the paired documents
+            sim = np.array([jaccard(sets[a], sets[b]) for a, b in pairs.tolist()])
+            pairs = pairs[sim >= self.threshold]
+        buf = io.BytesIO()
+        np.savez(buf, pairs=pairs, candidates=len(keys))
+        atomic_write_bytes(Path(self.out)/f'{self.task_name(i)}.npz', buf.getvalue())
+        return {'candidate_pairs': len(keys), 'merged_pairs': len(pairs)}
+
+def _run_edges(groups) -> np.ndarray:
+    "`[m, 2]` edges joining each group's members to its first."
+    if not groups: return np.zeros((0, 2), np.int64)
+    return np.concatenate([np.stack([np.full(len(g) - 1, g[0]), g[1:]], 1) for g in groups])
 
 class Clusters(Stage):
-    "Dedup stage 2 (one task): cluster all documents, write the removal list of each shard."
-    def __init__(self, sig_dir, out, threshold=0.7):
-        self.sig_dir, self.out, self.name, self.threshold = str(sig_dir), str(out), 'dedup:clusters', threshold
+    "Dedup stage 4 (one task): cluster all documents by exact hashes and merged pairs, write each shard's removal list."
+    def __init__(self, sig_dir, verified_dir, out):
+        self.sig_dir, self.verified_dir, self.out = str(sig_dir), str(verified_dir), str(out)
+        self.name = 'dedup:clusters'
     def run(self, i):
-        files = sorted(Path(self.sig_dir).glob('*.npz'))
-        sizes, bands, exact, shingles_of = _load_signatures(files)
-        pairs = candidate_pairs(bands)
-        n_candidates = len(pairs)
-        if self.threshold is not None:
-            sets = {k: np.unique(shingles_of(k)) for k in np.unique(pairs).tolist()}  # only the paired documents
-            sim = np.array([jaccard(sets[a], sets[b]) for a, b in pairs])
-            pairs = pairs[sim >= self.threshold] if len(pairs) else pairs
-        root = _union_find(len(exact), equal_runs(exact) + list(pairs))
+        names = _npz_names(self.sig_dir)
+        sigs = [np.load(Path(self.sig_dir)/f'{n}.npz') for n in names]
+        exact = np.concatenate([s['exact'] for s in sigs] + [np.zeros(0, np.uint64)])
+        verified = [np.load(f) for f in sorted(Path(self.verified_dir).glob('*.npz'))]
+        pairs = np.concatenate([v['pairs'] for v in verified] + [np.zeros((0, 2), np.int64)])
+        root = _union_find(len(exact), np.concatenate([_run_edges(equal_runs(exact)), pairs]))
         gone = np.flatnonzero(root != np.arange(len(exact)))
         is_exact = exact[gone] == exact[root[gone]]
-        starts = np.cumsum([0] + sizes)
-        for k, f in enumerate(files):
+        starts = np.cumsum([0] + [len(s['exact']) for s in sigs])
+        for k, (name, s) in enumerate(zip(names, sigs)):
             m = (gone >= starts[k]) & (gone < starts[k + 1])
             rec = {'positions': (gone[m] - starts[k]).tolist(), 'exact': is_exact[m].tolist(),
-                   'kept_as': [int(x) for x in root[gone[m]]]}
-            atomic_write_bytes(Path(self.out)/f"{f.name.removesuffix('.npz')}.json", json.dumps(rec).encode())
+                   'kept_as': [int(x) for x in root[gone[m]]], 'bytes_in': int(s['nbytes'])}
+            atomic_write_bytes(Path(self.out)/f'{name}.json', json.dumps(rec).encode())
         return {'docs_in': len(exact), 'clusters': int(len(np.unique(root[gone]))),
                 'removed_exact': int(is_exact.sum()), 'removed_near': int((~is_exact).sum()),
-                'candidate_pairs': int(n_candidates), 'merged_pairs': int(len(pairs))}
+                'candidate_pairs': sum(int(v['candidates']) for v in verified), 'merged_pairs': int(len(pairs))}
 
 # %% ../../nbs/54_dedup.ipynb #cd5818ba
-class DropListed(Step):
-    "Dedup stage 3's step: drop the documents the clusters stage listed for this shard."
-    name = 'dedup'
-    def __init__(self, lists_dir): self.lists_dir = str(lists_dir)
-    def setup(self, ctx):
+class DropListed(Stage):
+    """Dedup stage 5 (the last): copy each shard of `src` to `out` without the documents the clusters stage listed,
+    which go to its rejects. Kept lines are copied as they are, not parsed and written again: only the removed ones are
+    parsed."""
+    def __init__(self, src, lists_dir, out):
+        self.src, self.lists_dir, self.out, self.name = str(src), str(lists_dir), str(out), 'dedup:filter'
+        self.shards = list_shards(self.src)
+    def n_tasks(self): return len(self.shards)
+    def task_name(self, i): return Path(self.shards[i]).name.removesuffix('.jsonl.zst')
+    def run(self, i):
+        ctx = TaskContext(self.task_name(i))
         rec = json.loads((Path(self.lists_dir)/f'{ctx.shard}.json').read_text())
-        self.why = {p: ('exact' if e else 'near') for p, e in zip(rec['positions'], rec['exact'])}
-        self.pos = -1
-    def keep(self, doc):
-        self.pos += 1
-        return self.why.get(self.pos, doc)
+        why = {p: ('exact' if e else 'near') for p, e in zip(rec['positions'], rec['exact'])}
+        lines = read_jsonl_zst_bytes(self.shards[i])
+        for p, reason in why.items():
+            ctx.counts[f'dedup/removed:{reason}'] += 1
+            ctx.reject(Document.from_json(lines[p].decode('utf-8', 'surrogatepass')), 'dedup', reason)
+        kept = [l for p, l in enumerate(lines) if p not in why]
+        if kept: ctx.counts['dedup/kept'] = len(kept)  # a step's counter: absent when nothing was kept
+        n = write_jsonl_zst(Path(self.out)/Path(self.shards[i]).name, kept)
+        write_jsonl_zst(Path(self.out)/'rejects'/Path(self.shards[i]).name, ctx.rejects)
+        return {**ctx.counts, 'docs_in': len(lines), 'bytes_in': rec['bytes_in'], 'docs_out': n}
 
 def dedup_stages(src, work, out, hasher=None, threshold=0.7) -> list:
-    "The three dedup stages reading document shards from `src`, writing kept documents to `out`."
-    work = Path(work)
-    return [Signatures(src, work/'signatures', hasher), Clusters(work/'signatures', work/'clusters', threshold),
-            MapStage('dedup:filter', src, out, [DropListed(work/'clusters')])]
+    "The five dedup stages reading document shards from `src`, writing kept documents to `out`."
+    work, hasher = Path(work), hasher or MinHasher()
+    return [Signatures(src, work/'signatures', hasher), Buckets(work/'signatures', work/'buckets', hasher.bands),
+            Verify(work/'signatures', work/'buckets', work/'verified', threshold),
+            Clusters(work/'signatures', work/'verified', work/'clusters'), DropListed(src, work/'clusters', out)]
 
 # %% ../../nbs/54_dedup.ipynb #9a4c0d03
 def near_copy(text, rng, every=100) -> str:
@@ -240,7 +337,7 @@ def jaccard_pairs(rng, n=600, vocab=20000, max_p=0.1) -> list:
     return out
 
 def pair_recall(pairs, work, hasher=None, threshold=0.7) -> tuple:
-    "(merged flag per pair, CPU seconds of signatures + clusters) for dedup over every pair at once."
+    "(merged flag per pair, CPU seconds of the stages before the filter) for dedup over every pair at once."
     from apex3.data.core import LocalExecutor, write_docs
     work = Path(work)
     write_docs(work/'in'/'a.jsonl.zst', [Document(f'a{k}', a) for k, (a, b, j) in enumerate(pairs)])
@@ -248,7 +345,7 @@ def pair_recall(pairs, work, hasher=None, threshold=0.7) -> tuple:
     ex = LocalExecutor(1, progress=False)
     recs = [ex.run(st) for st in dedup_stages(work/'in', work/'work', work/'out', hasher, threshold)]
     kept = {d.id for f in list_shards(work/'out') for d in read_docs(f)}
-    return [f'b{k}' not in kept for k in range(len(pairs))], sum(r['cpu_seconds'] for rs in recs[:2] for r in rs)
+    return [f'b{k}' not in kept for k in range(len(pairs))], sum(r['cpu_seconds'] for rs in recs[:-1] for r in rs)
 
 # %% ../../nbs/54_dedup.ipynb #843f0f67
 BINS = (0.0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.01)
@@ -267,7 +364,7 @@ def _timed_dedup(docs, hasher, threshold) -> float:
     with tempfile.TemporaryDirectory() as d:
         for k in range(2): write_docs(Path(d)/'in'/f'{k}.jsonl.zst', docs[k::2])
         ex = LocalExecutor(1, progress=False)
-        recs = [ex.run(st) for st in dedup_stages(Path(d)/'in', Path(d)/'w', Path(d)/'out', hasher, threshold)[:2]]
+        recs = [ex.run(st) for st in dedup_stages(Path(d)/'in', Path(d)/'w', Path(d)/'out', hasher, threshold)[:-1]]
         return sum(r['cpu_seconds'] for rs in recs for r in rs)
 
 def dedup_bench(n_pairs=600, seeds=(1, 2, 3, 4, 5), out='data_dedup.jsonl') -> list:

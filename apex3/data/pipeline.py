@@ -204,7 +204,7 @@ def source_of(s) -> Source:
     return s['_source']
 
 def source_stages(s, out, params):
-    "The stages of one source, built one at a time: ingest, fused step chains, dedup's three stages."
+    "The stages of one source, built one at a time: ingest, fused step chains, dedup's five stages."
     work = Path(out)/'work'/s['name']
     if s.get('urls'):
         yield DownloadStage(s['name'], s['urls'], s['download_to'], s.get('sha256', ()), s.get('manifest'))

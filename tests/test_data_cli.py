@@ -14,6 +14,14 @@ def test_usage_errors(tmp_path):
     with pytest.raises(UsageError, match="unknown stage 'frobnicate'"): data_main(['frobnicate', 'a', 'b'])
     with pytest.raises(UsageError, match='no \\*.jsonl.zst shards'): data_main(['redact', str(tmp_path/'nothing'), str(tmp_path/'out')])
 
+@pytest.mark.parametrize('flag, value', [('--workers', '0'), ('--workers', '-2'), ('--workers', '5000'),
+                                         ('--max-files', '0')])
+def test_flag_ranges(tmp_path, flag, value):
+    "A count out of range is the flag's error, before any work: no corpus written, the config not blamed."
+    with pytest.raises(UsageError, match=f'argument {flag}: must be a whole number') as e:
+        data_main(['demo', str(tmp_path/'out'), flag, value])
+    assert 'toml' not in str(e.value) and not (tmp_path/'out').exists()
+
 def test_one_stage_redact(tmp_path, capsys):
     write_docs(tmp_path/'in'/'s0.jsonl.zst', [Document('a', 'mail bob.smith@example.org from 8.8.8.8'), Document('b', 'nothing here')])
     assert data_main(['redact', str(tmp_path/'in'), str(tmp_path/'out'), '--set', 'ips=false']) == 0

@@ -1,5 +1,5 @@
 """No bytes stop a run: arbitrary bytes and arbitrary JSON values go through `apex3 data run` end to end (ingest, a
-step chain, dedup's three stages, tokenizer training, token shards, long documents). The run exits 0, every ordinary
+step chain, dedup's five stages, tokenizer training, token shards, long documents). The run exits 0, every ordinary
 document reaches the token shards and decodes back to its text, and what is kept plus what is set aside (counted, and
 written as reject records with a reason) is every line read, where the line count comes from the input bytes."""
 import json, re, tempfile

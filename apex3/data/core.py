@@ -38,13 +38,20 @@ class Document:
     @classmethod
     def from_json(cls, line):
         "A document from its JSON line, text or UTF-8 bytes (with lone surrogates as shards store them)."
+        as_text = lambda: line.decode('utf-8', 'surrogatepass') if isinstance(line, bytes) else line
         try: d = orjson.loads(line)
-        except orjson.JSONDecodeError:  # lone surrogates, which orjson refuses, or the error for a bad line
-            d = json.loads(line.decode('utf-8', 'surrogatepass') if isinstance(line, bytes) else line)
+        except orjson.JSONDecodeError: d = json.loads(as_text())  # lone surrogates, which orjson refuses, or the error
+        if _holds_float(d.get('meta')): d = json.loads(as_text())  # orjson reads an int beyond 64 bits as a float
         return cls(d['id'], d['text'], d.get('meta', {}))
 
     @property
     def nbytes(self): return len(self.text.encode('utf-8', 'surrogatepass'))
+
+def _holds_float(x) -> bool:
+    "Whether a JSON value holds a float anywhere (rare in `meta`: only then is a line read again, exactly)."
+    if isinstance(x, float): return True
+    if isinstance(x, dict): return any(map(_holds_float, x.values()))
+    return isinstance(x, list) and any(map(_holds_float, x))
 
 _SURROGATE = re.compile('[\ud800-\udfff]')
 

@@ -8,7 +8,7 @@ import dataclasses, errno, glob, importlib.util, inspect, json, math, os, re, sh
 import zstandard
 from collections import Counter
 from pathlib import Path
-from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, is_fs_error, os_error_line, probe_writable
+from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, in_range, is_fs_error, os_error_line, probe_writable
 from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, list_shards, read_docs, read_jsonl_zst,
                              atomic_write_bytes)
 from .ingest import Source, IngestStage, open_binary
@@ -396,11 +396,14 @@ def data_main(argv=()):
 def _data_main(argv):
     p = ArgParser(prog='apex3 data', description='run the data pipeline or one stage')
     p.add_argument('what', help=f"run | demo | corpus | dedup | {' | '.join(STEPS)}")
-    p.add_argument('args', nargs='*', help='run: CONFIG; demo/corpus: OUT; a stage: SRC OUT')
-    p.add_argument('--workers', type=int, default=None, help='processes (default: the config, or 1)')
-    p.add_argument('--executor', choices=['local', 'ray'], default='local')
-    p.add_argument('--ray-address', default=None)
-    p.add_argument('--max-files', type=int, default=None, help='demo/corpus: only the first N library files')
+    p.add_argument('args', nargs='*', help='run: CONFIG; demo/corpus: OUT (default: apex3-data); a stage: SRC OUT')
+    p.add_argument('--workers', type=in_range(int, 1, 1024), default=None,
+                   help='processes (default: the config, or 1; demo/corpus: 2)')
+    p.add_argument('--executor', choices=['local', 'ray'], default='local',
+                   help='local processes, or the tasks on a Ray cluster (default: %(default)s)')
+    p.add_argument('--ray-address', default=None, help="with --executor ray: the cluster's HEAD:PORT")
+    p.add_argument('--max-files', type=in_range(int, 1), default=None,
+                   help='demo/corpus: only the first N library files')
     p.add_argument('--set', nargs='*', default=[], help='a stage: its parameters as KEY=VALUE')
     a = p.parse_args(argv)
     if a.executor == 'ray' and not installed('ray'):   # before any work, not after the corpus is built

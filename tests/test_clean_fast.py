@@ -144,7 +144,7 @@ def quality_plain(r, text):
     "Gopher quality's verdict written plainly: one generator per word, every word lower-cased for the stop words."
     words = [w for w in (t.strip(clean._PUNCT) for t in text.split()) if w]
     n = len(words)
-    if n < r.min_words: return 'gopher_short_doc'
+    if n < max(r.min_words, 1): return 'gopher_short_doc'   # no words: no ratios
     avg = sum(map(len, words)) / n
     if avg < r.min_avg_word_len: return 'gopher_below_avg_word_len'
     if avg > r.max_avg_word_len: return 'gopher_above_avg_word_len'

@@ -14,7 +14,7 @@ def test_style_finds_what_it_should(tmp_path):
     assert style.style_problems(f) == [(1, '; chain'), (3, f'{4 + 4 * 40 + 1} characters')]
 
 def test_style_finds_undefined_names(tmp_path):
-    "A name only a notebook's test cell imported is undefined in the module; an imported one, a local or a builtin is not."
+    "A name that only a notebook's test cell imported is undefined in the module; an import, a local, a builtin is not."
     f = tmp_path / 'm.py'
     f.write_text('from typing import Union\ndef f(x: Union[int, None], y: Optional[int] = None):\n    z = len(x)\n'
                  '    return z + w\n')

@@ -1,5 +1,5 @@
 """Lines over 120 characters, `;`-chained statements and undefined names (pyflakes) in the generated modules (not
-`_modidx.py`). The `__all__` list nbdev writes is skipped: nbdev wraps it at 120 characters before prefixing `__all__ = `.
+`_modidx.py`). The `__all__` list nbdev writes is skipped: nbdev wraps it at 120 characters, then prefixes `__all__ = `.
 A notebook runs its cells in one namespace, so a name that only a test cell imports works there and fails in the module.
 
     python tools/style.py [MODULE.py ...]   # prints `path:line: reason`, exits 1 when any

@@ -631,10 +631,8 @@ def _serve(argv):
     if a.host not in ('127.0.0.1', 'localhost', '::1') and a.api_key is None:
         _log.warning(f'serving on {a.host} with no --api-key: anyone who can reach the port can use the model')
     from apex3.generate import quantize_int8
-    from apex3.generate_cli import generation_device, load_for_generation
-    dev = generation_device(a.device or ('cpu' if a.int8 else None))
-    if dev.type != 'cpu' and a.int8:
-        raise UsageError(f'--int8 is the CPU decode path, not {a.device}')
+    from apex3.generate_cli import decode_device, load_for_generation
+    dev = decode_device(a.device, a.int8)
     model, tok = load_for_generation(a.ckpt, a.tokenizer, dev)
     srv = Server(quantize_int8(model) if a.int8 else model, tok, a.name or Path(a.ckpt).resolve().name, a.api_key,
                  a.max_batch, a.max_len, a.compile, a.max_body)

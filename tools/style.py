@@ -10,25 +10,26 @@ from pathlib import Path
 MAX_LINE = 120
 
 def style_problems(path):
-    "`(line, reason)` for each line over `MAX_LINE` and each `;` that chains two statements."
+    "`(line, reason)` for each line over `MAX_LINE`, each `;` that chains two statements and each undefined name."
     text = Path(path).read_text()
-    skip = _all_lines(text)
+    tree = ast.parse(text)
+    skip = _all_lines(tree)
     out = [(i, f'{len(l)} characters') for i, l in enumerate(text.splitlines(), 1)
            if len(l) > MAX_LINE and i not in skip]
     toks = tokenize.generate_tokens(io.StringIO(text).readline)
     out += [(t.start[0], '; chain') for t in toks if t.type == tokenize.OP and t.string == ';']
-    return sorted(out + undefined_names(text, str(path)))
+    return sorted(out + undefined_names(tree, str(path)))
 
-def undefined_names(text, filename='<module>'):
-    "`(line, reason)` for each name pyflakes finds used and never defined."
+def undefined_names(tree, filename='<module>'):
+    "`(line, reason)` for each name pyflakes finds used and never defined in the module `tree`."
     from pyflakes.checker import Checker
     from pyflakes.messages import UndefinedName
-    msgs = Checker(ast.parse(text), filename=filename).messages
+    msgs = Checker(tree, filename=filename).messages
     return [(m.lineno, f'undefined name {m.message_args[0]!r}') for m in msgs if isinstance(m, UndefinedName)]
 
-def _all_lines(text):
+def _all_lines(tree):
     "Line numbers of the module-level `__all__ = [...]` statement (nbdev's, not ours)."
-    for node in ast.parse(text).body:
+    for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, 'id', None) == '__all__' for t in node.targets):
             return set(range(node.lineno, node.end_lineno + 1))
     return set()

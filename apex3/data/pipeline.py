@@ -22,11 +22,11 @@ from .long import Long
 from .download import DownloadStage, run_downloads
 
 # %% auto #0
-__all__ = ['STEPS', 'KINDS', 'SCHEMA', 'SOURCE_KEYS', 'TOKENIZE_DEFAULTS', 'LONG_DEFAULTS', 'STAGE_HEADER', 'DEDUP_WORK_PER_BYTE',
-           'PACKED', 'ESTIMATE_MARGIN', 'make_step', 'installed', 'config_errors', 'load_config', 'source_of',
-           'source_stages', 'section', 'tokenizes', 'pipeline_stages', 'stage_row', 'run_pipeline', 'bytes_per_token',
-           'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes', 'check_space', 'fs_error_line', 'check_writable',
-           'data_main', 'final_docs', 'all_rejects', 'output_files']
+__all__ = ['STEPS', 'KINDS', 'MAX_WORKERS', 'SCHEMA', 'SOURCE_KEYS', 'TOKENIZE_DEFAULTS', 'LONG_DEFAULTS', 'STAGE_HEADER',
+           'DEDUP_WORK_PER_BYTE', 'PACKED', 'ESTIMATE_MARGIN', 'make_step', 'installed', 'config_errors', 'load_config',
+           'source_of', 'source_stages', 'section', 'tokenizes', 'pipeline_stages', 'stage_row', 'run_pipeline',
+           'bytes_per_token', 'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes', 'check_space', 'fs_error_line',
+           'check_writable', 'data_main', 'final_docs', 'all_rejects', 'output_files']
 
 # %% ../../nbs/5b_pipeline.ipynb #0c26d649
 def _decontaminate(policy='drop', n=13, humaneval=True, extra_jsonl=(), field='prompt'):
@@ -61,8 +61,10 @@ _STR = ('a non-empty string', lambda v: isinstance(v, str) and v.strip() != '')
 _STRS = ('a list of strings', lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
 _BOOL = ('true or false', lambda v: type(v) is bool)
 
+MAX_WORKERS = 1024   # local processes a run may ask for: in a config and as --workers
+
 SCHEMA = {
-    'pipeline': {'out': _STR, 'workers': _int(1, 1024), 'downloads': _int(1, 64)},
+    'pipeline': {'out': _STR, 'workers': _int(1, MAX_WORKERS), 'downloads': _int(1, 64)},
     'source': {'name': _STR, 'kind': _STR, 'path': _STR, 'url': _STR, 'urls': _STRS, 'sha256': _STRS, 'manifest': _STR,
                'shards': _int(1, 1 << 16), 'text_key': _STR, 'extensions': _STRS, 'exclude': _STRS,
                'max_line_bytes': _int(1), 'max_doc_bytes': _int(1), 'max_json_depth': _int(1, 500), 'stages': _STRS},
@@ -397,7 +399,7 @@ def _data_main(argv):
     p = ArgParser(prog='apex3 data', description='run the data pipeline or one stage')
     p.add_argument('what', help=f"run | demo | corpus | dedup | {' | '.join(STEPS)}")
     p.add_argument('args', nargs='*', help='run: CONFIG; demo/corpus: OUT (default: apex3-data); a stage: SRC OUT')
-    p.add_argument('--workers', type=in_range(int, 1, 1024), default=None,
+    p.add_argument('--workers', type=in_range(int, 1, MAX_WORKERS), default=None,
                    help='processes (default: the config, or 1; demo/corpus: 2)')
     p.add_argument('--executor', choices=['local', 'ray'], default='local',
                    help='local processes, or the tasks on a Ray cluster (default: %(default)s)')

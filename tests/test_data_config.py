@@ -25,10 +25,14 @@ KNOWN = {'pipeline': {'out', 'workers', 'downloads'},
 CLI = 'import sys; from apex3.cli import main; sys.exit(main())'
 STAGES = {'gopher_quality', 'gopher_repetition', 'c4', 'fineweb', 'code', 'decontaminate', 'redact', 'repopack', 'dedup'}
 
+def toml_string(v) -> str:
+    "A TOML basic string: JSON's escapes, and DEL escaped too (JSON leaves it bare, TOML refuses it bare)."
+    return json.dumps(v, ensure_ascii=False).replace('\x7f', '\\u007f')
+
 def toml_value(v) -> str:
     if isinstance(v, bool): return 'true' if v else 'false'
     if isinstance(v, float): return 'nan' if math.isnan(v) else ('inf' if v > 0 else '-inf') if math.isinf(v) else repr(v)
-    if isinstance(v, str): return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, str): return toml_string(v)
     if isinstance(v, list): return '[' + ', '.join(map(toml_value, v)) + ']'
     return str(v)
 
@@ -37,8 +41,8 @@ def toml(cfg) -> str:
     out = []
     for k, t in cfg.items():
         if k == 'source': continue
-        out += [f'[{k}]'] + [f'{json.dumps(kk)} = {toml_value(v)}' for kk, v in t.items()]
-    for s in cfg['source']: out += ['[[source]]'] + [f'{json.dumps(kk)} = {toml_value(v)}' for kk, v in s.items()]
+        out += [f'[{k}]'] + [f'{toml_string(kk)} = {toml_value(v)}' for kk, v in t.items()]
+    for s in cfg['source']: out += ['[[source]]'] + [f'{toml_string(kk)} = {toml_value(v)}' for kk, v in s.items()]
     return '\n'.join(out) + '\n'
 
 def base_config():

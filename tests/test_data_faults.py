@@ -3,7 +3,8 @@
 worker mid-task is one line naming its task, exit 2, and a rerun resumes to a clean run's bytes, outputs get the
 umask's mode, a disk clearly too small for a run is refused before any work (one line, exit 2) and a tight one
 warned about, a read-only output folder and a full disk are one line naming the path and the cause, exit 2, and the
-last good state survives: a rerun with room finishes with outputs byte-identical to an undisturbed run's."""
+last good state survives: a rerun with room finishes with outputs byte-identical to an undisturbed run's; a shard
+cut short between runs is one line naming it, exit 2, not a silent short read."""
 import glob, os, random, re, shutil, signal, subprocess, sys, tempfile, textwrap, time
 from pathlib import Path
 import pytest
@@ -243,6 +244,39 @@ def test_worker_killed_mid_task_is_one_line_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     a, b = output_files(tmp_path/'clean'), output_files(tmp_path/'out')
     assert sorted(a) == sorted(b) and all(a[k] == b[k] for k in a)  # no stale temporary file, nothing half-written
+
+def test_a_damaged_shard_is_one_line_and_its_stage_remade(tmp_path):
+    """A stage's shard cut short between runs (a disk fault, a copy that stopped): the run that reads it exits 2 with
+    one line naming the file, where a short read would have lost its documents silently; the control, the same run
+    with the shard whole, finishes. Doing what the line says (remove the folder of the stage that wrote it) and
+    running again gives a clean run's bytes."""
+    from apex3.data.pipeline import output_files
+    corpus(tmp_path/'raw', n_files=2, docs=200)
+    clean = apex3('data', 'run', config(tmp_path, tmp_path/'clean', workers=2))
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    out, cfg = tmp_path/'out', config(tmp_path, tmp_path/'out', workers=2)
+    def stopped_after_stage_1():   # as a run stopped once stage 1 was done: what comes after it is gone
+        assert apex3('data', 'run', cfg).returncode == 0
+        for p in out.iterdir():
+            if p.name != 'work': shutil.rmtree(p) if p.is_dir() else p.unlink()
+        for p in (out/'work/s').glob('02_*'): shutil.rmtree(p)
+        return next((out/'work/s').glob('01_*'))
+    stage = stopped_after_stage_1()
+    control = apex3('data', 'run', cfg)
+    assert control.returncode == 0, control.stderr[-2000:]
+    shutil.rmtree(out)
+    stage = stopped_after_stage_1()
+    shard = sorted(stage.glob('*.jsonl.zst'))[1]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    r = apex3('data', 'run', cfg)
+    assert r.returncode == 2 and r.stderr.count('\n') == 1 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.startswith(f'apex3 data: error: {shard}: zstandard data cut short'), r.stderr
+    assert 'remove the folder of the stage that wrote it' in r.stderr
+    shutil.rmtree(stage)
+    again = apex3('data', 'run', cfg)
+    assert again.returncode == 0, again.stderr[-2000:]
+    a, b = output_files(tmp_path/'clean'), output_files(out)
+    assert sorted(a) == sorted(b) and all(a[k] == b[k] for k in a)
 
 DEMO_ON_TMPFS = textwrap.dedent('''
     # as root of a private mount namespace: `apex3 data demo` onto a 64 KiB tmpfs, which the corpus copy fills

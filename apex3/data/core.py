@@ -4,7 +4,7 @@
 
 # %% ../../nbs/50_data.ipynb #d00d04b9
 from __future__ import annotations
-import io, json, logging, os, re, threading, time, glob, tempfile, sysconfig
+import errno, io, json, logging, os, re, threading, time, glob, tempfile, sysconfig
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,11 +12,11 @@ from typing import Iterator, Iterable
 import orjson, zstandard
 
 # %% auto #0
-__all__ = ['PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document', 'without_surrogates',
-           'current_umask', 'atomic_write_bytes', 'write_jsonl_zst', 'read_zst', 'read_jsonl_zst',
-           'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage', 'marker_path', 'is_done',
-           'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs', 'MapStage',
-           'remove_stale_temps', 'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line',
+__all__ = ['ZST_MAX_RATIO', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document',
+           'without_surrogates', 'current_umask', 'atomic_write_bytes', 'write_jsonl_zst', 'DamagedFile', 'read_zst',
+           'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage',
+           'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs',
+           'MapStage', 'remove_stale_temps', 'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line',
            'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
@@ -100,9 +100,34 @@ def write_jsonl_zst(path, rows: Iterable[str | bytes]) -> int:
     atomic_write_bytes(path, zstandard.ZstdCompressor(level=3).compress(data))
     return len(rows)
 
+ZST_MAX_RATIO = 256   # a frame claiming more than this many times its file's size is streamed, not allocated at once
+
+class DamagedFile(OSError):
+    """A file whose bytes are not what a writer wrote (zstandard data cut short or garbled): an `OSError` naming the
+    file, so a command says it in one line, exit 2, as it does a file it cannot read. Made as `OSError` is (errno,
+    what, path), so it pickles back from a pool worker."""
+
 def read_zst(path) -> bytes:
-    "The content of a zstandard-compressed file, whole (a shard is read whole: stages write shards of bounded size)."
-    with open(path, 'rb') as f, zstandard.ZstdDecompressor().stream_reader(f) as r: return r.read()
+    """The content of a zstandard-compressed file, whole (a shard is read whole: stages write shards of bounded size).
+    One frame that states its size, as `write_jsonl_zst` writes, is decompressed in one call, a third of a stream's
+    cost; anything else (several frames, as `cat a.zst b.zst` makes, no size, a size beyond reason) goes frame by
+    frame. A file cut short or garbled is a `DamagedFile`, as `zstd -d` refuses it, never a short read."""
+    data, z = Path(path).read_bytes(), zstandard.ZstdDecompressor()
+    try:
+        # (a first frame of size 0 returns at once, whatever follows: zstandard does not look for a second)
+        if 0 < zstandard.frame_content_size(data) <= ZST_MAX_RATIO * len(data):
+            return z.decompress(data, allow_extra_data=False)  # a second frame raises: read frame by frame below
+    except zstandard.ZstdError: pass  # a damaged file too: the frames below say what is wrong
+    out = []
+    try:
+        while data:
+            frame = z.decompressobj()
+            out.append(frame.decompress(data))
+            if not frame.eof:
+                raise DamagedFile(errno.EBADMSG, 'zstandard data cut short (the file ends inside a frame)', str(path))
+            data = frame.unused_data
+    except zstandard.ZstdError as e: raise DamagedFile(errno.EBADMSG, f'damaged zstandard data ({e})', str(path)) from None
+    return b''.join(out)
 
 def read_jsonl_zst(path) -> Iterator[str]:
     "Lines of a zstandard-compressed JSONL file, blank and all-space lines skipped."

@@ -9,8 +9,8 @@ import zstandard
 from collections import Counter
 from pathlib import Path
 from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, in_range, is_fs_error, os_error_line, probe_writable
-from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, list_shards, read_docs, read_jsonl_zst,
-                             atomic_write_bytes)
+from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, DamagedFile, list_shards, read_docs,
+                             read_jsonl_zst, atomic_write_bytes)
 from .ingest import Source, IngestStage, open_binary
 from .clean import GopherQuality, GopherRepetition, C4Lines, FineWebQuality, CodeQuality
 from .decontaminate import Decontaminate, Benchmark, humaneval_prompts, jsonl_prompts
@@ -379,6 +379,9 @@ def fs_error_line(e: OSError) -> str:
     if e.errno is None: return f'{type(e).__name__}: {e}'
     if e.filename2 is not None and e.errno in STORAGE_ERRNOS:  # a copy names (source, target): the target is full
         e = OSError(e.errno, e.strerror, e.filename2)
+    if isinstance(e, DamagedFile):   # a rerun would read the same bytes
+        return (f'{os_error_line(e)}; finished tasks are kept, but a rerun reads the same file: restore it, or remove '
+                'the folder of the stage that wrote it')
     return f'{os_error_line(e)}; finished tasks are kept: run again to resume'
 
 def check_writable(folder):

@@ -18,7 +18,7 @@ FILES = [
     ('train/loss.png', 'train/loss.png', 1),
     ('train/memory.png', 'train/memory.png', 1),
     ('the figures of training, with the decoded sample', 'train/demo.json', 1),
-    ('the agent model taught the tool', 'agent/model.pt', 1),
+    ('the agent model taught the tool, a checkpoint apex3 serve loads', 'agent/ckpt/*/*', 1),
     ('the agent demo figures', 'agent/agent_demo.json', 1),
     ('the agent JSONL trace of a question answered through the tool', 'agent/traces/tool-*.jsonl', 1),
     ('the phase timings of the job', 'timings.json', 1),

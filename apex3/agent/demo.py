@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['PYTHON_SCHEMA', 'MAX_TEST', 'RECORDS_FILE', 'arith_problem', 'problems', 'answer_text', 'conversation',
-           'encode_example', 'batch_tensors', 'demo_tokenizer', 'new_model', 'lr_at', 'finetune', 'last_number',
-           'score', 'evaluate', 'agent_demo', 'demo_lines', 'demo_main', 'demo_record']
+           'encode_example', 'batch_tensors', 'demo_tokenizer', 'tiny_sets', 'new_model', 'model_flags', 'lr_at',
+           'finetune', 'last_number', 'score', 'evaluate', 'agent_demo', 'demo_lines', 'demo_main', 'demo_record']
 
 # %% ../../nbs/66_demo.ipynb #816b3860
 import json, math, random, re
@@ -15,7 +15,8 @@ from .chat import CHAT_TOKENS, render_chat, save_chat_config
 from .loop import GreedyModel, run_agent
 from .tools import SubprocessRunner, get_runner, python_tool
 from ..usage import ArgParser, UsageError, in_range
-from ..settings import check_not_empty
+from ..ckpt import save_checkpoint
+from ..settings import TrainSettings, check_not_empty, run_flags, with_flags
 
 # %% ../../nbs/66_demo.ipynb #c9b5c405
 def arith_problem(rng):
@@ -75,24 +76,32 @@ def demo_tokenizer(texts, vocab_size=1024):
     from apex3.data.tokenize import train_bpe
     return train_bpe(texts, vocab_size, split_digits=True)
 
+def tiny_sets(tok) -> list:
+    "The `--set`s of the demo's `tiny` model: sized to the tokenizer, one conversation a row (plain causal attention)."
+    eos = tok.token_to_id('<|endoftext|>')
+    return [f'vocab_size={tok.get_vocab_size()}', f'eos_id={eos}', 'attn=sdpa', 'max_docs=1']
+
 def new_model(tok, seed=0):
     "A fresh `tiny` model sized to the tokenizer."
     from apex3.config import get_config
     from apex3.model import Transformer
     torch.manual_seed(seed)
-    vocab, eos = tok.get_vocab_size(), tok.token_to_id('<|endoftext|>')
-    # one conversation per row: plain causal attention
-    m = Transformer(get_config('tiny', [f'vocab_size={vocab}', f'eos_id={eos}', 'attn=sdpa', 'max_docs=1']))
+    m = Transformer(get_config('tiny', tiny_sets(tok)))
     m.init_weights()
     return m
+
+def model_flags(tok) -> dict:
+    "The trainer's flags that rebuild `new_model(tok)`'s model, as a checkpoint's `args` holds them."
+    return run_flags(with_flags(TrainSettings(), config='tiny', set=tiny_sets(tok)))
 
 def lr_at(step, steps, lr):
     "The learning rate of `step` of `steps`: a 20-step warm-up, then a cosine from `lr` down to a tenth of it."
     warmup, cosine = min(1.0, (step + 1) / 20), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))
     return lr * warmup * cosine
 
-def finetune(model, examples, pad_id, steps=1500, batch=8, lr=5e-3, seed=0, log_every=50):
-    "Train on `examples` for `steps` steps (AdamW, `lr_at`'s schedule); the losses. A bar shows the recent loss."
+def finetune(model, examples, pad_id, steps=1500, batch=8, lr=5e-3, seed=0, log_every=50, stats=None):
+    """Train on `examples` for `steps` steps (AdamW, `lr_at`'s schedule); the losses. A bar shows the recent loss.
+    A dict `stats` gets `tokens`: the target tokens learned from."""
     from tqdm.auto import tqdm
     # the schedule counts steps, not seconds: the same seed trains the same model on a fast machine and a slow one
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -108,6 +117,7 @@ def finetune(model, examples, pad_id, steps=1500, batch=8, lr=5e-3, seed=0, log_
         opt.step()
         model.update_router_biases()
         losses.append(loss.item())
+        if stats is not None: stats['tokens'] = stats.get('tokens', 0) + int((y != -100).sum())
         if log_every and (step + 1) % log_every == 0:
             bar.set_postfix(loss=f'{sum(losses[-log_every:]) / log_every:.3f}')
     model.eval()
@@ -148,17 +158,18 @@ def _tokenizer(path, texts):
         raise UsageError(f"tokenizer {path} does not reserve {', '.join(missing)}; retrain it with this version")
     return tok
 
-def _model(ckpt, tok):
-    "The model of the latest checkpoint in `ckpt` (its vocabulary checked against `tok`), else a new `tiny`."
-    if not ckpt: return new_model(tok)
-    from apex3.ckpt import latest_checkpoint
+def _model(ckpt, tok) -> tuple:
+    """(model, the flags that rebuild it): the latest checkpoint in `ckpt` (its vocabulary checked against `tok`) and
+    its flags, else a new `tiny`."""
+    if not ckpt: return new_model(tok), model_flags(tok)
+    from apex3.ckpt import latest_checkpoint, load_checkpoint
     from apex3.train import checkpoint_model
     path = latest_checkpoint(ckpt)
     if path is None: raise UsageError(f'no checkpoint in {ckpt}')
     m = checkpoint_model(path)
     if m.cfg.vocab_size < tok.get_vocab_size():
         raise UsageError(f'{path}: vocabulary {m.cfg.vocab_size} < tokenizer {tok.get_vocab_size()}')
-    return m
+    return m, load_checkpoint(path, ['args'])['args']
 
 # %% ../../nbs/66_demo.ipynb #d1df0f53
 def agent_demo(out, steps=1500, ckpt=None, tokenizer=None, n_train=8000, n_test=20, backend='bwrap',
@@ -172,10 +183,11 @@ def agent_demo(out, steps=1500, ckpt=None, tokenizer=None, n_train=8000, n_test=
     tok = _tokenizer(tokenizer, texts)
     tok.save(str(out / 'tokenizer.json'))
     save_chat_config(out)
-    model = _model(ckpt, tok)
-    examples = [encode_example(tok, t) for t in texts]
-    losses = finetune(model, examples, tok.token_to_id('<|pad|>'), steps, lr=lr, seed=seed)
-    torch.save(model.state_dict(), out / 'model.pt')
+    model, flags = _model(ckpt, tok)
+    examples, fed = [encode_example(tok, t) for t in texts], {}
+    losses = finetune(model, examples, tok.token_to_id('<|pad|>'), steps, lr=lr, seed=seed, stats=fed)
+    # a checkpoint as the trainer writes them: `apex3 serve out/ckpt --tokenizer out/tokenizer.json` serves it
+    save_checkpoint(out / 'ckpt', fed['tokens'], {'model': model.state_dict(), 'args': flags})
     tool = python_tool(get_runner(backend, wall_s=10))
     with_tool, runs = evaluate(model, tok, test, tool, trace_dir=out / 'traces')
     without, _ = evaluate(model, tok, test, None, trace_dir=out / 'traces')

@@ -126,7 +126,8 @@ def read_zst(path) -> bytes:
             if not frame.eof:
                 raise DamagedFile(errno.EBADMSG, 'zstandard data cut short (the file ends inside a frame)', str(path))
             data = frame.unused_data
-    except zstandard.ZstdError as e: raise DamagedFile(errno.EBADMSG, f'damaged zstandard data ({e})', str(path)) from None
+    except zstandard.ZstdError as e:
+        raise DamagedFile(errno.EBADMSG, f'damaged zstandard data ({e})', str(path)) from None
     return b''.join(out)
 
 def read_jsonl_zst(path) -> Iterator[str]:

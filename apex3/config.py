@@ -7,6 +7,7 @@ __all__ = ['ATTN_BACKENDS', 'BIAS_UPDATES', 'CONFIGS', 'ModelConfig', 'check_con
            'param_components', 'param_counts', 'param_table']
 
 # %% ../nbs/09_config.ipynb #2ac8ce17
+import math
 from dataclasses import dataclass, fields, replace
 from .usage import UsageError
 
@@ -50,6 +51,12 @@ def check_config(c):
     "Raise `UsageError` for a config whose fields cannot describe a model."
     def need(ok, msg):
         if not ok: raise UsageError(f'config {c.name}: {msg}')
+    for k in ('d_model', 'n_layers', 'n_heads', 'n_kv_heads', 'head_dim', 'n_experts', 'expert_ffn', 'seq_len'):
+        need(getattr(c, k) >= 1, f'{k}={getattr(c, k)} must be at least 1')
+    for f in fields(c):   # NaN or infinity in a knob would reach the loss, not an error
+        if isinstance(v := getattr(c, f.name), float): need(math.isfinite(v), f'{f.name}={v} must be a finite number')
+    for k in ('rope_theta', 'norm_eps', 'init_std'): need(getattr(c, k) > 0, f'{k}={getattr(c, k)} must be above 0')
+    for k in ('router_bias_rate', 'seq_aux_alpha'): need(getattr(c, k) >= 0, f'{k}={getattr(c, k)} must be >= 0')
     need(c.n_heads % c.n_kv_heads == 0, f'n_heads={c.n_heads} must be a multiple of n_kv_heads={c.n_kv_heads}')
     need(c.head_dim % 2 == 0, f'head_dim={c.head_dim} must be even (RoPE rotates pairs)')
     need(1 <= c.top_k <= c.n_experts, f'top_k={c.top_k} must be in 1..n_experts={c.n_experts}')
@@ -57,7 +64,6 @@ def check_config(c):
     need(c.router_bias_update in BIAS_UPDATES, f'router_bias_update={c.router_bias_update!r} not in {BIAS_UPDATES}')
     need(c.attn in ATTN_BACKENDS, f'attn={c.attn!r} not in {ATTN_BACKENDS}')
     need(c.moe_chunk >= 0 and c.max_docs >= 1 and c.n_shared >= 0, 'moe_chunk, n_shared must be >= 0 and max_docs >= 1')
-    need(min(c.d_model, c.n_layers, c.n_heads, c.n_experts, c.expert_ffn, c.seq_len) >= 1, 'sizes must be positive')
 
 # %% ../nbs/09_config.ipynb #5c92165c
 CONFIGS = {

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/59_loader.ipynb #538763cf
 from __future__ import annotations
-import glob, json, os
+import glob, json, math, os
 from pathlib import Path
 import numpy as np
 from ..usage import UsageError
@@ -21,8 +21,8 @@ def parse_data_spec(spec) -> tuple:
         w, pattern = rest.split(':', 1)
         w = float(w)
     except ValueError: raise UsageError(f'--data expects NAME=WEIGHT:GLOB, got {spec!r}') from None
-    if not name or w <= 0 or not pattern:
-        raise UsageError(f'--data {spec!r}: need a name, a positive weight and a glob')
+    if not name or not (0 < w < math.inf) or not pattern:   # NaN compares false both ways: refused here too
+        raise UsageError(f'--data {spec!r}: need a name, a positive finite weight and a glob')
     return name, w, pattern
 
 # %% ../../nbs/59_loader.ipynb #97c94326

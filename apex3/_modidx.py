@@ -439,7 +439,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'apex3.data.core._NoBar': ('data.html#_nobar', 'apex3/data/core.py'),
                                  'apex3.data.core._NoBar.close': ('data.html#_nobar.close', 'apex3/data/core.py'),
                                  'apex3.data.core._NoBar.update': ('data.html#_nobar.update', 'apex3/data/core.py'),
-                                 'apex3.data.core._holds_float': ('data.html#_holds_float', 'apex3/data/core.py'),
+                                 'apex3.data.core._floats': ('data.html#_floats', 'apex3/data/core.py'),
                                  'apex3.data.core._how_it_ended': ('data.html#_how_it_ended', 'apex3/data/core.py'),
                                  'apex3.data.core._pending': ('data.html#_pending', 'apex3/data/core.py'),
                                  'apex3.data.core._progress_bar': ('data.html#_progress_bar', 'apex3/data/core.py'),

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/50_data.ipynb #d00d04b9
 from __future__ import annotations
-import errno, io, json, logging, os, re, threading, time, glob, tempfile, sysconfig
+import errno, io, json, logging, math, os, re, threading, time, glob, tempfile, sysconfig
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +30,14 @@ class Document:
     def to_json(self) -> str: return self.json_bytes().decode('utf-8', 'surrogatepass')
 
     def json_bytes(self) -> bytes:
-        "The JSON line as UTF-8 (lone surrogates kept as they are, as shards store them)."
+        """The JSON line as UTF-8 (lone surrogates kept as they are, as shards store them; NaN and infinity in `meta`
+        as Python's `json` writes them, since orjson would write them as null)."""
         d = {'id': self.id, 'text': self.text, 'meta': self.meta}
-        try: return orjson.dumps(d)
-        except TypeError: return json.dumps(d, ensure_ascii=False).encode('utf-8', 'surrogatepass')  # see below
+        try: out = orjson.dumps(d)
+        except TypeError: out = None  # see below
+        lost = out is not None and b'null' in out and any(not math.isfinite(x) for x in _floats(self.meta))
+        if out is not None and not lost: return out
+        return json.dumps(d, ensure_ascii=False).encode('utf-8', 'surrogatepass')
 
     @classmethod
     def from_json(cls, line):
@@ -41,17 +45,17 @@ class Document:
         as_text = lambda: line.decode('utf-8', 'surrogatepass') if isinstance(line, bytes) else line
         try: d = orjson.loads(line)
         except orjson.JSONDecodeError: d = json.loads(as_text())  # lone surrogates, which orjson refuses, or the error
-        if _holds_float(d.get('meta')): d = json.loads(as_text())  # orjson reads an int beyond 64 bits as a float
+        if any(True for _ in _floats(d.get('meta'))): d = json.loads(as_text())  # orjson reads a big int as a float
         return cls(d['id'], d['text'], d.get('meta', {}))
 
     @property
     def nbytes(self): return len(self.text.encode('utf-8', 'surrogatepass'))
 
-def _holds_float(x) -> bool:
-    "Whether a JSON value holds a float anywhere (rare in `meta`: only then is a line read again, exactly)."
-    if isinstance(x, float): return True
-    if isinstance(x, dict): return any(map(_holds_float, x.values()))
-    return isinstance(x, list) and any(map(_holds_float, x))
+def _floats(x) -> Iterator[float]:
+    "Every float in a JSON value (rare in `meta`: only then is a line written or read again, exactly, with `json`)."
+    if isinstance(x, float): yield x
+    elif isinstance(x, dict | list):
+        for v in (x.values() if isinstance(x, dict) else x): yield from _floats(v)
 
 _SURROGATE = re.compile('[\ud800-\udfff]')
 

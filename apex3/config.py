@@ -63,7 +63,8 @@ def check_config(c):
     need(0 <= c.eos_id < c.vocab_size, f'eos_id={c.eos_id} must be below vocab_size={c.vocab_size}')
     need(c.router_bias_update in BIAS_UPDATES, f'router_bias_update={c.router_bias_update!r} not in {BIAS_UPDATES}')
     need(c.attn in ATTN_BACKENDS, f'attn={c.attn!r} not in {ATTN_BACKENDS}')
-    need(c.moe_chunk >= 0 and c.max_docs >= 1 and c.n_shared >= 0, 'moe_chunk, n_shared must be >= 0 and max_docs >= 1')
+    for k in ('moe_chunk', 'n_shared', 'shared_ffn'): need(getattr(c, k) >= 0, f'{k}={getattr(c, k)} must be >= 0')
+    need(c.max_docs >= 1, f'max_docs={c.max_docs} must be at least 1')
 
 # %% ../nbs/09_config.ipynb #5c92165c
 CONFIGS = {

@@ -41,7 +41,7 @@ def test_set_answers_or_refuses_and_what_it_accepts_runs(items):
 
 
 @pytest.mark.parametrize('item', ['rope_theta=nan', 'norm_eps=inf', 'rope_theta=0', 'n_kv_heads=0', 'init_std=nan',
-                                  'route_scale=-inf'])
+                                  'route_scale=-inf', 'shared_ffn=-1'])
 def test_set_refuses_what_cannot_run(item):
     """The cases the property finds with the checks off, named. The control: the same value set on a config past its checks gives a model
     that cannot run (a loss that is not finite, or no model at all)."""

@@ -61,29 +61,16 @@ def token_stats(out) -> pd.DataFrame:
     "Per token source: documents, tokens, mean and median document length."
     rows = []
     for d in sorted(Path(out, 'tokens').iterdir()):
-        ends = np.concatenate([np.fromfile(f, '<u8') for f in sorted(d.glob('*.idx'))] or [np.zeros(0, np.uint64)])
-        lens = np.concatenate(
-            [np.diff(np.concatenate([[0], np.fromfile(f, '<u8')])) for f in sorted(d.glob('*.idx'))] or [np.zeros(0)]
-        )
-        rows.append(
-            (
-                d.name,
-                len(lens),
-                int(lens.sum()),
-                float(lens.mean()) if len(lens) else 0.0,
-                float(np.median(lens)) if len(lens) else 0.0,
-            )
-        )
+        lens = doc_lengths(out, d.name)
+        mean, median = (float(lens.mean()), float(np.median(lens))) if len(lens) else (0.0, 0.0)
+        rows.append((d.name, len(lens), int(lens.sum()), mean, median))
     return pd.DataFrame(rows, columns=['source', 'docs', 'tokens', 'mean_len', 'median_len'])
 
 def doc_lengths(out, source) -> np.ndarray:
-    "Token length of every document of a token source."
-    return np.concatenate(
-        [
-            np.diff(np.concatenate([[0], np.fromfile(f, '<u8').astype(np.int64)]))
-            for f in sorted(Path(out, 'tokens', source).glob('*.idx'))
-        ]
-    )
+    "Token length of every document of a token source (each shard's `.idx` holds its documents' end offsets)."
+    idx = sorted(Path(out, 'tokens', source).glob('*.idx'))
+    lens = [np.diff(np.fromfile(f, '<u8').astype(np.int64), prepend=0) for f in idx]
+    return np.concatenate(lens or [np.zeros(0, np.int64)])
 
 def rates(recs) -> dict:
     "Dedup and decontamination rates per source (removed / documents entering the step)."

@@ -412,6 +412,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'apex3.data.core.LocalExecutor.__exit__': ('data.html#localexecutor.__exit__', 'apex3/data/core.py'),
                                  'apex3.data.core.LocalExecutor.__init__': ('data.html#localexecutor.__init__', 'apex3/data/core.py'),
                                  'apex3.data.core.LocalExecutor._drain': ('data.html#localexecutor._drain', 'apex3/data/core.py'),
+                                 'apex3.data.core.LocalExecutor._share': ('data.html#localexecutor._share', 'apex3/data/core.py'),
                                  'apex3.data.core.LocalExecutor.close': ('data.html#localexecutor.close', 'apex3/data/core.py'),
                                  'apex3.data.core.LocalExecutor.pool': ('data.html#localexecutor.pool', 'apex3/data/core.py'),
                                  'apex3.data.core.LocalExecutor.run': ('data.html#localexecutor.run', 'apex3/data/core.py'),

@@ -95,12 +95,13 @@ SLOW_POOL = textwrap.dedent('''
             time.sleep(60)
             return {}
     if __name__ == '__main__':
-        core.LocalExecutor(2, progress=False, workers_die_with_parent=sys.argv[1] == 'on').run(Sleepy())
+        core.LocalExecutor(3, progress=False, workers_die_with_parent=sys.argv[1] == 'on').run(Sleepy())
 ''')
 
 def test_sigkill_leaves_no_process(tmp_path):
     corpus(tmp_path/'raw', n_files=4, docs=400)
-    survivors = kill_and_survivors([sys.executable, '-c', CLI, 'data', 'run', config(tmp_path, 'out', workers=2)], tmp_path)
+    cmd = [sys.executable, '-c', CLI, 'data', 'run', config(tmp_path, 'out', workers=3)]  # two pool workers
+    survivors = kill_and_survivors(cmd, tmp_path)
     assert survivors == []
 
 def test_sigkill_control_without_the_protection(tmp_path):
@@ -221,9 +222,9 @@ def test_worker_killed_mid_task_is_one_line_and_resumes(tmp_path):
     from apex3.data.pipeline import output_files
     # tasks of a second or more, so that the worker found busy is still in the first stage when it is killed
     corpus(tmp_path/'raw', n_files=4, docs=1500)
-    clean = apex3('data', 'run', config(tmp_path, tmp_path/'clean', workers=2))
+    clean = apex3('data', 'run', config(tmp_path, tmp_path/'clean', workers=3))
     assert clean.returncode == 0, clean.stderr[-2000:]
-    cfg = config(tmp_path, tmp_path/'out', workers=2)
+    cfg = config(tmp_path, tmp_path/'out', workers=3)   # this process and two pool workers
     p = subprocess.Popen([sys.executable, '-c', CLI, 'data', 'run', cfg], env=ENV, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     victim = busy_worker(p.pid, str(tmp_path/'out/work/s/01_*/.done/*.json'))

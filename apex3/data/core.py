@@ -318,10 +318,14 @@ def keep_freed_memory(mmap_below=32 << 20, trim_above=256 << 20) -> bool:
     _KEEPS_MEMORY = bool(mallopt(M_MMAP_THRESHOLD, mmap_below)) and bool(mallopt(M_TRIM_THRESHOLD, trim_above))
     return _KEEPS_MEMORY
 
+_NATIVE_POOLS = ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS')  # read once, when numpy is imported
+
 def _worker_init(parent, started, die):
-    "Pool worker initializer: keep the queue of started tasks and freed memory; with `die`, end when `parent` ends."
+    """Pool worker initializer: keep the queue of started tasks and freed memory, native thread pools of one thread
+    (unless the environment names a size); with `die`, end when `parent` ends."""
     global _STARTED
     _STARTED = started
+    for k in _NATIVE_POOLS: os.environ.setdefault(k, '1')
     keep_freed_memory()
     if die: die_with_parent(parent)
 
@@ -361,7 +365,8 @@ def _progress_bar(total, desc, quiet):
     return tqdm(total=total, desc=desc, disable=quiet, leave=False)
 
 class LocalExecutor:
-    "Run a stage's unfinished tasks on a local process pool (in-process when `workers == 1`), one pool for every stage."
+    """Run a stage's unfinished tasks in this process and a pool of `workers - 1` processes (this one alone when
+    `workers == 1`); one pool for every stage."""
     def __init__(self, workers=1, progress=True, workers_die_with_parent=True):
         self.workers, self.progress, self._pool, self.die = workers, progress, None, workers_die_with_parent
         self._started, self._running = None, {}
@@ -371,7 +376,7 @@ class LocalExecutor:
             import concurrent.futures as cf, multiprocessing as mp
             ctx = mp.get_context('spawn')
             self._started, self._running = ctx.SimpleQueue(), {}
-            self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_worker_init,
+            self._pool = cf.ProcessPoolExecutor(self.workers - 1, mp_context=ctx, initializer=_worker_init,
                                                 initargs=(os.getpid(), self._started, self.die))
         return self._pool
     def _drain(self) -> dict:
@@ -388,22 +393,33 @@ class LocalExecutor:
             self._started = None
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
+    def _share(self, stage, todo: list, bar):
+        "Run `todo` here, from its end, and on the pool, from its front: each pool worker busy and one task queued."
+        import collections, concurrent.futures as cf
+        todo, running, pool = collections.deque(todo), set(), self.pool()
+        while todo or running:
+            while todo and len(running) < 2 * (self.workers - 1):
+                running.add(pool.submit(_run_and_report, stage, todo.popleft()))
+            if todo:
+                run_task(stage, todo.pop())
+                bar.update()
+            done, running = cf.wait(running, timeout=0 if todo else None, return_when=cf.FIRST_COMPLETED)
+            self._drain()  # keeps the queue's pipe from filling
+            for f in done:
+                f.result()
+                bar.update()
     def run(self, stage) -> list:
         import concurrent.futures as cf
         todo = _pending(stage)
         quiet = True if not self.progress or not todo else None  # None: only on a terminal (a log gets no bars)
         bar = _progress_bar(len(todo), stage.name, quiet)
+        if todo: keep_freed_memory()  # this process runs tasks
         if self.workers <= 1 or len(todo) <= 1:
-            if todo: keep_freed_memory()  # this process runs the tasks
             for i in todo:
                 run_task(stage, i)
                 bar.update()
         else:
-            try:
-                for f in cf.as_completed([self.pool().submit(_run_and_report, stage, i) for i in todo]):
-                    self._drain()  # keeps the queue's pipe from filling
-                    f.result()
-                    bar.update()
+            try: self._share(stage, todo, bar)
             except cf.process.BrokenProcessPool:
                 procs = dict(getattr(self._pool, '_processes', None) or {})  # gone once the pool is shut down
                 started = self._drain()

@@ -12,9 +12,9 @@ from .core import (Document, Stage, TaskContext, list_shards, read_docs, read_js
 from .decontaminate import text_word_hashes, ngram_hashes, mix64, FNV_PRIME, word_spans
 
 # %% auto #0
-__all__ = ['BINS', 'CONFIGS', 'MinHasher', 'exact_hash', 'batch_word_hashes', 'batches', 'Signatures', 'equal_runs',
-           'candidate_pairs', 'shingle_set', 'jaccard', 'Buckets', 'Verify', 'Clusters', 'DropListed', 'dedup_stages',
-           'near_copy', 'jaccard_pairs', 'pair_recall', 'dedup_bench']
+__all__ = ['MinHasher', 'exact_hash', 'batch_word_hashes', 'batches', 'Signatures', 'equal_runs', 'candidate_pairs',
+           'shingle_set', 'jaccard', 'Buckets', 'Verify', 'Clusters', 'DropListed', 'dedup_stages', 'near_copy',
+           'jaccard_pairs', 'pair_recall']
 
 # %% ../../nbs/54_dedup.ipynb #676fa119
 class MinHasher:
@@ -346,43 +346,3 @@ def pair_recall(pairs, work, hasher=None, threshold=0.7) -> tuple:
     recs = [ex.run(st) for st in dedup_stages(work/'in', work/'work', work/'out', hasher, threshold)]
     kept = {d.id for f in list_shards(work/'out') for d in read_docs(f)}
     return [f'b{k}' not in kept for k in range(len(pairs))], sum(r['cpu_seconds'] for rs in recs[:-1] for r in rs)
-
-# %% ../../nbs/54_dedup.ipynb #843f0f67
-BINS = (0.0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.01)
-CONFIGS = {'14x8 unverified': dict(bands=14, rows=8, threshold=None),
-           '25x5 verified': dict(bands=25, rows=5, threshold=0.7)}
-
-def _stdlib_docs():
-    import sysconfig
-    from apex3.data.core import stdlib_files
-    root = Path(sysconfig.get_paths()['stdlib'])
-    return [Document(f, (root/f).read_text(errors='replace')) for f in stdlib_files()]
-
-def _timed_dedup(docs, hasher, threshold) -> float:
-    import tempfile
-    from apex3.data.core import LocalExecutor, write_docs
-    with tempfile.TemporaryDirectory() as d:
-        for k in range(2): write_docs(Path(d)/'in'/f'{k}.jsonl.zst', docs[k::2])
-        ex = LocalExecutor(1, progress=False)
-        recs = [ex.run(st) for st in dedup_stages(Path(d)/'in', Path(d)/'w', Path(d)/'out', hasher, threshold)[:-1]]
-        return sum(r['cpu_seconds'] for rs in recs for r in rs)
-
-def dedup_bench(n_pairs=600, seeds=(1, 2, 3, 4, 5), out='data_dedup.jsonl') -> list:
-    "Recall per similarity bin and CPU cost of both configurations over `seeds`; appends records to `records/OUT`."
-    import random, tempfile
-    from apex3.records import append_records
-    pairs = jaccard_pairs(random.Random(0), n_pairs)
-    J, docs, recs = np.array([j for *_, j in pairs]), _stdlib_docs(), []
-    mb = sum(d.nbytes for d in docs) / 1e6
-    for name, c in CONFIGS.items():
-        for seed in seeds:
-            h = MinHasher(bands=c['bands'], rows=c['rows'], seed=seed)
-            with tempfile.TemporaryDirectory() as d: merged, cpu = pair_recall(pairs, d, h, c['threshold'])
-            merged, idx = np.array(merged), np.digitize(J, BINS) - 1
-            recs.append(dict(kind='dedup_recall', config=name, seed=seed, pairs=len(pairs), pairs_cpu_seconds=cpu,
-                             bins=list(BINS), n=[int((idx == k).sum()) for k in range(len(BINS) - 1)],
-                             merged=[int(merged[idx == k].sum()) for k in range(len(BINS) - 1)],
-                             merged_below_06=int(merged[J < 0.6].sum()),
-                             stdlib_cpu_seconds=_timed_dedup(docs, h, c['threshold']), stdlib_mb=mb))
-    append_records(recs, out)
-    return recs

@@ -10,7 +10,7 @@ from ..usage import free_port
 from .core import LocalExecutor, RayExecutor, MapStage, Step
 
 # %% auto #0
-__all__ = ['LocalRay', 'Slow', 'ray_scaleout']
+__all__ = ['LocalRay', 'Slow']
 
 # %% ../../nbs/5e_ray.ipynb #7465f025
 class LocalRay:
@@ -39,19 +39,3 @@ class Slow(Step):
         if self.pid_dir: Path(self.pid_dir, str(os.getpid())).touch()
         time.sleep(self.seconds)
         return doc
-
-# %% ../../nbs/5e_ray.ipynb #5d83da88
-def ray_scaleout(stage_fn, slots=(1, 2), out='data_ray.jsonl') -> list:
-    "Wall seconds of `stage_fn(dir)`'s stage on local clusters of each size in `slots`; appends records."
-    import tempfile
-    from apex3.records import append_records
-    recs = []
-    for n in slots:
-        with tempfile.TemporaryDirectory() as d, LocalRay(n) as cluster:
-            st = stage_fn(d)
-            t0, load = time.perf_counter(), os.getloadavg()
-            RayExecutor(cluster.address, progress=False).run(st)
-            recs.append(dict(kind='ray_scaleout', stage=st.name, tasks=st.n_tasks(), workers=n,
-                             seconds=time.perf_counter() - t0, loadavg_start=load))
-    append_records(recs, out)
-    return recs

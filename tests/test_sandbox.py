@@ -290,3 +290,33 @@ def test_a_failed_swap_is_undone(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert _listing(tmp_path) == {'old1', 'old2'} and (tmp_path / 'old1').read_text() == '1'
     assert _gone(ws) and len(calls) == 4 + 3   # four tried, then the three that succeeded undone
+
+@needs_bwrap
+def test_copy_back_drops_setuid_setgid_and_sticky_bits():
+    """What the sandboxed code marks setuid, setgid or sticky in a named folder comes back without those bits: a root
+    copy of a setuid program would run as root for anyone (the control: inside, the bits were set)."""
+    with tempfile.TemporaryDirectory() as d:
+        rc, out, err = _cli('--workdir', d, '--disk', '16', '--', 'sh', '-c',
+                            'cp /bin/cat u && chmod 4755 u && cp /bin/cat g && chmod 2755 g && mkdir t && '
+                            'chmod 1777 t && stat -c %a u g t')
+        assert rc == 0 and out.split() == ['4755', '2755', '1777'], (rc, out, err)
+        assert {f: stat.S_IMODE(os.lstat(os.path.join(d, f)).st_mode) for f in 'ugt'} == \
+               {'u': 0o755, 'g': 0o755, 't': 0o777}
+
+@needs_bwrap
+def test_an_exit_status_above_the_signals_is_the_commands_own():
+    "`exit 200` is status 200; a command killed by SIGKILL is -9 (bwrap reports both as numbers above 128)."
+    with get_sandbox(wall_s=20) as sb:
+        assert sb.run(['sh', '-c', 'exit 200']).exit_code == 200
+        assert sb.run(['sh', '-c', 'sh -c "kill -9 \\$\\$"; exit $?']).exit_code == -9   # (not PID 1, which ignores it)
+
+@needs_bwrap
+def test_a_tree_deeper_than_the_recursion_limit_comes_back_and_goes_in_again():
+    "A folder 1,200 deep (Python's recursion stops near 1,000) in a named folder: this run and the next both finish."
+    d = tempfile.mkdtemp()
+    try:
+        deep = 'import os\nfor _ in range(1200): os.mkdir("a"); os.chdir("a")\nopen("leaf", "w").write("x")'
+        assert _cli('--workdir', d, '--disk', '64', '--', 'python3', '-c', deep)[0] == 0
+        rc, out, err = _cli('--workdir', d, '--disk', '64', '--', 'sh', '-c', 'echo again; find a -name leaf | wc -l')
+        assert (rc, out) == (0, 'again\n1\n'), err[-500:]
+    finally: subprocess.run(['rm', '-rf', d])   # shutil.rmtree recurses

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['PROTECTIONS', 'SANDBOX_UID', 'SANDBOX_PYTHON', 'SANDBOX_ENV', 'STAGING', 'DOCKER_REPO', 'SandboxResult', 'Limits',
-           'run_limited', 'bwrap_argv', 'Cgroups', 'tree_mb', 'Workspace', 'Sandbox', 'BwrapSandbox', 'get_sandbox',
-           'docker_client', 'image_files', 'image_tag', 'build_image', 'DockerSandbox']
+           'run_limited', 'bwrap_argv', 'Cgroups', 'tree_mb', 'remove_tree', 'signal_status', 'Workspace', 'Sandbox',
+           'BwrapSandbox', 'get_sandbox', 'docker_client', 'image_files', 'image_tag', 'build_image', 'DockerSandbox']
 
 # %% ../../nbs/62_sandbox.ipynb #54f80bbb
 import contextlib, json, logging, os, secrets, shutil, resource, signal, socket, stat, subprocess, sys, tempfile
@@ -194,11 +194,15 @@ def _plain(path):
 
 def tree_mb(folder, blocks=True):
     "MiB the files under `folder` take on disk (`blocks`) or would take once copied (links not followed)."
-    total = 0
-    for top, dirs, files in os.walk(folder):
-        for f in files:
-            st = os.lstat(os.path.join(top, f))
-            total += st.st_blocks * 512 if blocks else st.st_size * stat.S_ISREG(st.st_mode)
+    total, todo = 0, [folder]
+    while todo:   # a loop, not os.walk: Python 3.11's recursion overflows on a tree the sandbox made 1,000 deep
+        try: entries = list(os.scandir(todo.pop()))
+        except OSError: continue   # as os.walk: a folder it cannot list adds nothing
+        for e in entries:
+            if e.is_dir(follow_symlinks=False): todo.append(e.path)
+            else:
+                st = e.stat(follow_symlinks=False)
+                total += st.st_blocks * 512 if blocks else st.st_size * stat.S_ISREG(st.st_mode)
     return total / (1 << 20)
 
 def _copy_tree(src, dst, owner=None):
@@ -215,10 +219,42 @@ def _copy_tree(src, dst, owner=None):
                 os.mkdir(target, 0o700)
                 todo.append((e.path, target))
                 folders.append((e.path, target))
-            elif e.is_file(follow_symlinks=False): shutil.copy2(e.path, target, follow_symlinks=False)
+            elif e.is_file(follow_symlinks=False):
+                shutil.copy2(e.path, target, follow_symlinks=False)
+                _plain_mode(target)
             else: continue   # a fifo, socket or device
             if owner is not None: os.lchown(target, owner, owner)
-    for s, d in reversed(folders): shutil.copystat(s, d, follow_symlinks=False)   # modes last: a 0o500 folder fills
+    for s, d in reversed(folders):   # modes last: a 0o500 folder fills
+        shutil.copystat(s, d, follow_symlinks=False)
+        _plain_mode(d)
+
+def remove_tree(path):
+    """`shutil.rmtree(path, ignore_errors=True)` without recursion (Python 3.11's overflows on a tree the sandbox made
+    1,000 deep): links are removed, never followed, and what cannot be removed stays."""
+    todo, seen = [path], set()
+    while todo:
+        top = todo.pop()
+        if top in seen:   # its folders are gone: now itself
+            with contextlib.suppress(OSError): os.rmdir(top)
+            continue
+        seen.add(top)
+        todo.append(top)
+        try: entries = list(os.scandir(top))
+        except OSError: continue
+        for e in entries:
+            if e.is_dir(follow_symlinks=False): todo.append(e.path)
+            else:
+                with contextlib.suppress(OSError): os.unlink(e.path)
+
+def signal_status(rc: int) -> int:
+    """A sandbox's exit status as `subprocess` gives it: bwrap and Docker report a command killed by signal N as
+    128 + N, which becomes -N; a status above 128 + the largest signal number is the command's own `exit`."""
+    return 128 - rc if 128 < rc < 128 + signal.NSIG else rc
+
+def _plain_mode(path):
+    """Drop the setuid, setgid and sticky bits of `path`: inside the sandbox they grant nothing (an unprivileged user
+    on a nosuid tmpfs may set them on its own files), but a copy written by root on the host would run as root."""
+    os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & 0o777)
 
 def _swap_in(stage, old, dst):
     """Move what `dst` holds into `old` and the entries of `stage` into `dst`: renames on one file system, undone in
@@ -249,12 +285,12 @@ def _copy_back(src, dst):
         old = tempfile.mkdtemp(prefix=STAGING, dir=dst)
         _copy_tree(src, stage)       # the only step that writes data: a full disk stops it here, before dst changes
         _swap_in(stage, old, dst)
-        shutil.rmtree(old, ignore_errors=True)   # what the run replaced
+        remove_tree(old)   # what the run replaced
     except OSError as e:
         raise UsageError(f'sandbox workdir {dst} is left as it was before the run: copying the workspace back '
                          f'failed: {os_error_line(_where_it_goes(e, stage, dst))}') from None
     finally:
-        if stage: shutil.rmtree(stage, ignore_errors=True)
+        if stage: remove_tree(stage)
         if old:
             with contextlib.suppress(OSError): os.rmdir(old)   # empty, unless an undo failed: then it stays
 
@@ -324,7 +360,7 @@ class Workspace:
             if self.quota and self.copied_in: _copy_back(self.path, self.origin)
         finally:
             if self.quota: _unmount(self.path)
-            if self.path != self.origin: shutil.rmtree(self.path, ignore_errors=True)
+            if self.path != self.origin: remove_tree(self.path)
 
 def _open_workspace(owner, workdir, limits, without):
     "(workspace, folder, close) for sandbox `owner`; `close` also runs when `owner` is garbage-collected."
@@ -365,7 +401,7 @@ class BwrapSandbox(Sandbox):
                 preexec_fn=lambda: self._child(cg))
         finally:
             if cg: cg.close()
-        if rc > 128 and not timed_out: rc = 128 - rc  # bwrap reports a child killed by signal N as 128+N
+        if not timed_out: rc = signal_status(rc)
         return SandboxResult(out, err, rc, timed_out, secs, cut, self.backend)
 
     def _cgroups(self):
@@ -525,7 +561,7 @@ class DockerSandbox(Sandbox):
                 except docker.errors.APIError: pass  # it ended just now
             reader.join(timeout=5)
             sock.close()
-            rc = 128 - rc if rc > 128 and not timed_out else rc
+            rc = rc if timed_out else signal_status(rc)
             text = [o['data'].decode(errors='replace') for o in outs]
             cut = any(o['cut'] for o in outs)
             return SandboxResult(text[0], text[1], rc, timed_out, time.monotonic() - t0, cut, self.backend)

@@ -155,6 +155,7 @@ def check_call(raw):
     "('call', name, arguments) for a well-formed call body, else ('call_error', raw, why)."
     try: obj = json.loads(raw)
     except ValueError as e: return ('call_error', raw, f'the tool call is not valid JSON: {e}')
+    except RecursionError: return ('call_error', raw, 'the tool call is nested too deep to read')
     if not isinstance(obj, dict) or not isinstance(obj.get('name'), str):
         return ('call_error', raw, 'a tool call must be a JSON object with a string "name"')
     args = obj.get('arguments', {})

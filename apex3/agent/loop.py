@@ -120,7 +120,7 @@ def _turn(pieces_in, max_new, on_event):
     for s in pieces_in:
         pieces.append(s)
         add(parser.feed(s))
-        if parser.done: break
+        if parser.done or len(pieces) >= max_new: break   # a server may stream past the budget it was given
     ended = parser.done or len(pieces) < max_new   # the model stopped, rather than the budget
     add(parser.close())
     return pieces, events, ended

@@ -13,9 +13,15 @@ from ..usage import UsageError
 
 # %% ../../nbs/65a_remote.ipynb #2003e1c4
 def openai_messages(messages) -> list:
-    "The loop's messages in OpenAI's format: calls with ids and JSON-text arguments, results with their call's id."
-    out, pending = [], []
+    """The loop's messages in OpenAI's format: calls with ids and JSON-text arguments, results with their call's id. A
+    malformed call has no call of the API to answer (the assistant's text keeps it), so its error follows the turn's
+    results as a user message."""
+    out, pending, errors = [], [], []
     for i, m in enumerate(messages):
+        if m['role'] == 'tool' and not m.get('name'):
+            errors.append({'role': 'user', 'content': m['content']})
+            continue
+        if m['role'] != 'tool': out, errors = out + errors, []
         if m['role'] == 'assistant' and m.get('tool_calls'):
             calls = [c.get('function', c) for c in m['tool_calls']]
             pending = [f'call_{i}_{k}' for k in range(len(calls))]
@@ -26,7 +32,7 @@ def openai_messages(messages) -> list:
         elif m['role'] == 'tool':
             out.append({'role': 'tool', 'tool_call_id': pending.pop(0) if pending else '', 'content': m['content']})
         else: out.append({'role': m['role'], 'content': m['content']})
-    return out
+    return out + errors
 
 # %% ../../nbs/65a_remote.ipynb #3bb39cbb
 class RemoteError(UsageError):
@@ -39,19 +45,32 @@ def check_url(url) -> str:
         raise UsageError(f'--model-url {url!r}: give an http(s) URL such as http://127.0.0.1:8000/v1')
     return url.rstrip('/')
 
+def _json_text(x) -> str:
+    "JSON text of `x` with `<` written `\\u003c`: no tag of the chat template (`</tool_call>`, `<|im_end|>`) is in it."
+    return json.dumps(x, ensure_ascii=False).replace('<', '\\u003c')
+
 def _call_text(call) -> str:
-    "A streamed call as the chat template writes one (its arguments as sent: the parser checks them)."
-    return f'<tool_call>\n{{"name": {json.dumps(call["name"], ensure_ascii=False)}, "arguments": ' \
-           f'{call["arguments"] or "{}"}}}\n</tool_call>'
+    """A streamed call as the chat template writes one. Arguments that are JSON are written again by `_json_text`,
+    so a `</tool_call>` inside a string cannot end the call; others go as sent, for the parser to refuse."""
+    args = call['arguments'] or '{}'
+    try: args = _json_text(json.loads(args))
+    except (ValueError, RecursionError): pass
+    return f'<tool_call>\n{{"name": {_json_text(call["name"])}, "arguments": {args}}}\n</tool_call>'
+
+def _text(x) -> str:
+    "A server's text with lone surrogates (JSON may carry `\\ud800`) as U+FFFD, which UTF-8 can write; '' if not text."
+    return x.encode('utf-16', 'surrogatepass').decode('utf-16', 'replace') if isinstance(x, str) else ''
 
 def _merge_call(calls, delta):
     "Add one streamed `tool_calls` fragment (OpenAI sends a call's name, then its arguments in pieces) to `calls`."
     if not isinstance(delta, dict): raise RemoteError('a tool_calls entry is not an object')
-    c = calls.setdefault(delta.get('index', len(calls)), {'name': '', 'arguments': ''})
+    k = delta.get('index', len(calls))
+    if type(k) is not int: raise RemoteError(f'a tool_calls entry\'s index is not an integer: {str(k)[:40]!r}')
+    c = calls.setdefault(k, {'name': '', 'arguments': ''})
     f = delta.get('function') if isinstance(delta.get('function'), dict) else {}
-    text = lambda x: x if isinstance(x, str) else ''   # a server's null or non-text fragment adds nothing
-    c['name'] += text(f.get('name'))
-    c['arguments'] += text(f.get('arguments'))
+    args = f.get('arguments')
+    c['name'] += _text(f.get('name'))   # a server's null or non-text fragment adds nothing
+    c['arguments'] += json.dumps(args) if isinstance(args, dict) else _text(args)   # an object, as some servers send
 
 class RemoteModel:
     """A model behind an OpenAI-compatible chat endpoint: `chat(messages, tools, max_new)` yields its reply as the
@@ -69,11 +88,11 @@ class RemoteModel:
         calls = {}
         for chunk in self._chunks(body):
             if isinstance(chunk.get('usage'), dict): self.usage.append(chunk['usage'])
-            for ch in chunk.get('choices') or []:
+            for ch in _list(chunk.get('choices'), 'choices'):
                 d = ch.get('delta') if isinstance(ch, dict) else None
                 if not isinstance(d, dict): continue
-                if isinstance(d.get('content'), str) and d['content']: yield d['content']
-                for tc in d.get('tool_calls') or []: _merge_call(calls, tc)
+                if content := _text(d.get('content')): yield content
+                for tc in _list(d.get('tool_calls'), 'tool_calls'): _merge_call(calls, tc)
         for k in sorted(calls): yield _call_text(calls[k])
         yield '<|im_end|>'
 
@@ -94,6 +113,12 @@ class RemoteModel:
                     if not isinstance(chunk, dict): raise RemoteError(f'{url}: a streamed chunk is not a JSON object')
                     yield chunk
         except httpx2.HTTPError as e: raise RemoteError(f'{url}: {type(e).__name__}: {e}') from None
+
+def _list(x, name) -> list:
+    "A chunk's `choices` or `tool_calls`: a list, or none; anything else is a `RemoteError`."
+    if x is None: return []
+    if not isinstance(x, list): raise RemoteError(f'a streamed chunk\'s {name} is not a list')
+    return x
 
 def _message(text):
     "The `error.message` of an OpenAI-style error body, else the body's start."

@@ -262,6 +262,7 @@ def filter_logits(logits, s: Sampling):
         srt, order = x.sort(-1, descending=True)
         p = srt.softmax(-1)
         drop = (p.cumsum(-1) - p) >= s.top_p                         # the mass before this token already reaches top_p
+        drop[..., 0] = False   # the likeliest token always stays: a top_p below fp32's smallest number would drop all
         x = x.masked_fill(drop.scatter(-1, order, drop), float('-inf'))
     return x
 

@@ -164,6 +164,41 @@ def test_bad_requests_are_4xx_and_the_server_stays_up(server):
     assert client.completions.create(model='demo', prompt='x', max_tokens=2, temperature=0).choices[0].text is not None
 
 
+
+def test_what_a_hostile_hunt_found_is_4xx_or_harmless(server):
+    """Requests found by attacking the server from outside, each next to a valid neighbour (the control) that passes."""
+    srv, client, url = server
+    comp = lambda **kw: _post(f'{url}/completions', json.dumps({'model': 'demo', 'prompt': 'What is', **kw}).encode())
+    chat = lambda **kw: _post(f'{url}/chat/completions', json.dumps(
+        {'model': 'demo', 'messages': [{'role': 'user', 'content': 'What is 964 - 59?'}], **kw}).encode())
+    # a top_p under fp32's smallest number kept no token and failed every row of the batch: now the likeliest stays
+    greedy = comp(max_tokens=4, temperature=0)[1]['choices'][0]['text']
+    assert [comp(max_tokens=4, temperature=1, top_p=p, seed=1)[1]['choices'][0]['text'] for p in (1e-46, 1e-320)] \
+           == [greedy, greedy]
+    # every token was checked against each stop's prefixes on the event loop: long stops froze the server
+    assert (comp(max_tokens=1, stop=['Q' * 256])[0], comp(max_tokens=1, stop=['Q' * 257])[0]) == (200, 400)
+    # one request of many prompts held the decoder for minutes
+    assert (comp(prompt=[[5]] * 3, max_tokens=1)[0], comp(prompt=[[5]] * 2049, max_tokens=1)[0]) == (200, 400)
+    # a lone surrogate reached the tokenizer: 500 and a traceback
+    got, err = _post(f'{url}/completions', b'{"model": "demo", "prompt": "\\ud800", "max_tokens": 1}')
+    assert got == 400 and 'surrogate' in err['error']['message']
+    # tool-call arguments nested past Python's recursion: 500
+    deep = [{'role': 'user', 'content': 'x'}, {'role': 'assistant', 'content': '', 'tool_calls': [
+        {'type': 'function', 'function': {'name': 'python', 'arguments': '[' * 100_000 + ']' * 100_000}}]}]
+    assert _post(f'{url}/chat/completions', json.dumps({'model': 'demo', 'messages': deep}).encode())[0] == 400
+    # chat's logprobs is a boolean in OpenAI's API: false is its default, true is refused here
+    assert (chat(max_tokens=1, logprobs=False)[0], chat(max_tokens=1, logprobs=True)[0]) == (200, 400)
+    # a null max_completion_tokens is absent: max_tokens holds
+    assert chat(max_tokens=2, max_completion_tokens=None, ignore_eos=True)[1]['usage']['completion_tokens'] == 2
+
+
+def test_a_key_no_client_could_send_is_refused_at_start():
+    from apex3.serve import serve_main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err): rc = serve_main(['nowhere', '--api-key', 'sk-ключ'])
+    assert rc == 2 and err.getvalue().count('\n') == 1 and 'printable ASCII' in err.getvalue()
+
+
 def test_body_bound_and_its_control(demo):
     "A body over the bound is refused with 413 before it is read whole; the control: a roomier server takes it."
     model, tok, *_ = demo

@@ -236,6 +236,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'apex3.agent.skills._folder': ('skills.html#_folder', 'apex3/agent/skills.py'),
                                     'apex3.agent.skills._front_matter': ('skills.html#_front_matter', 'apex3/agent/skills.py'),
                                     'apex3.agent.skills._remove': ('skills.html#_remove', 'apex3/agent/skills.py'),
+                                    'apex3.agent.skills._shown': ('skills.html#_shown', 'apex3/agent/skills.py'),
                                     'apex3.agent.skills._skill_folders': ('skills.html#_skill_folders', 'apex3/agent/skills.py'),
                                     'apex3.agent.skills.check_front_matter': ('skills.html#check_front_matter', 'apex3/agent/skills.py'),
                                     'apex3.agent.skills.example_skills_dir': ('skills.html#example_skills_dir', 'apex3/agent/skills.py'),
@@ -1994,4 +1995,5 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.usage.os_error_line': ('usage.html#os_error_line', 'apex3/usage.py'),
                              'apex3.usage.probe_writable': ('usage.html#probe_writable', 'apex3/usage.py'),
                              'apex3.usage.run_command': ('usage.html#run_command', 'apex3/usage.py'),
+                             'apex3.usage.utf8_text': ('usage.html#utf8_text', 'apex3/usage.py'),
                              'apex3.usage.warn_once': ('usage.html#warn_once', 'apex3/usage.py')}}}

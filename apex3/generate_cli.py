@@ -6,7 +6,7 @@
 __all__ = ['DEVICE_HELP', 'load_for_generation', 'stream_text', 'generate_parser', 'decode_device', 'generate_main']
 
 # %% ../nbs/73_generate_cli.ipynb #a7e58443
-from .usage import ArgParser, UsageError, in_range, run_command
+from .usage import ArgParser, UsageError, in_range, run_command, utf8_text
 
 # %% ../nbs/73_generate_cli.ipynb #509cdb6e
 def load_for_generation(ckpt, tokenizer=None, device='cpu'):
@@ -44,7 +44,7 @@ DEVICE_HELP = 'cpu, cuda or cuda:N (default: cuda where there is one; cpu with -
 def generate_parser():
     p = ArgParser(prog='apex3 generate', description='Continue a prompt with a trained checkpoint, streamed to stdout.')
     p.add_argument('ckpt', help="a checkpoint directory (tokens-...), or a run's --ckpt-dir for its latest checkpoint")
-    p.add_argument('--prompt', required=True, help='the text to continue')
+    p.add_argument('--prompt', required=True, type=utf8_text, help='the text to continue')
     p.add_argument('--max-new', type=in_range(int, 1, 1_000_000), default=64,
                    help='tokens to generate at most (EOS ends sooner)')
     p.add_argument('--temperature', type=in_range(float, 0, 100), default=0.0, help='0: greedy')

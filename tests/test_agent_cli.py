@@ -16,6 +16,26 @@ def test_bad_input_is_one_line(tmp_path):
         assert p.returncode == 2, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1 and 'Traceback' not in p.stderr, (args, p.stderr)
 
+def test_what_a_hostile_hunt_found_is_one_line(tmp_path):
+    """Input that gave a traceback (exit 1), each now one line and status 2: bytes that are not UTF-8 on the command
+    line and on stdin, a URL Python cannot parse, a key no HTTP header carries, an unquoted MCP command, arguments
+    nested past Python's recursion, a memory limit past a C long."""
+    url = ['--model-url', 'http://127.0.0.1:9/v1', '--model', 'm']
+    deep = '[' * 20000 + ']' * 20000
+    cases = [['run', *url, '--prompt', b'\xff'],
+             ['run', '--model-url', 'http://[::1/v1', '--model', 'm', '--prompt', 'hi'],
+             ['run', *url, '--api-key', 'k\u00e9', '--prompt', 'hi'], ['tools', '--mcp', '"unterminated'],
+             ['call', '--mcp', sys.executable, 'echo', deep], ['sandbox', '--memory', str(10 ** 14), '--', 'true']]
+    for args in cases:
+        p = subprocess.run([sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())', 'agent',
+                            *args], capture_output=True, env={**os.environ, 'PYTHONPATH': str(ROOT)})
+        err = p.stderr.decode(errors='replace')
+        assert p.returncode == 2 and len(err.strip().splitlines()) == 1 and 'Traceback' not in err, (args[:3], err)
+    p = subprocess.run([sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())', 'agent',
+                        'chat', *url], input=b'hi \xff\xfe\n', capture_output=True,
+                       env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    assert p.returncode == 2 and b'not valid UTF-8' in p.stderr, p.stderr[-500:]
+
 def test_replay_of_a_real_trace(tmp_path):
     from apex3.agent.loop import ScriptedModel, run_agent
     from apex3.agent.tools import SubprocessRunner, python_tool

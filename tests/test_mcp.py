@@ -124,3 +124,33 @@ def test_without_the_shim_the_exit_is_only_a_closed_connection(monkeypatch):
     monkeypatch.setattr(mcp_mod, '_under_shim', lambda target, status_path: target)
     with pytest.raises(MCPToolError) as e: call_tool('add', dict(a=1, b=2), SERVER + ['--mode', 'exit'])
     assert 'Connection closed' in str(e.value) and 'status' not in str(e.value) and type(e.value) is MCPToolError
+
+RAW_SERVER = '''
+# a bare JSON-RPC stdio server: argv[1] 'error' answers every call with JSON-RPC error -32000 and its own words;
+# 'bytes' writes bytes that are not UTF-8 on its stderr and exits 3
+import json, sys
+if sys.argv[1] == 'bytes':
+    sys.stderr.buffer.write(b'fatal: \\xff\\xfe bad key\\n'); sys.stderr.flush(); sys.exit(3)
+for line in sys.stdin:
+    m = json.loads(line)
+    if 'id' not in m: continue
+    if m['method'] == 'initialize':
+        r = {'protocolVersion': m['params']['protocolVersion'], 'capabilities': {'tools': {}},
+             'serverInfo': {'name': 'raw', 'version': '1'}}
+    elif m['method'] == 'tools/list': r = {'tools': [{'name': 'echo', 'inputSchema': {'type': 'object'}}]}
+    else:
+        error = {'code': -32000, 'message': 'the API key is invalid'}
+        print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'error': error}), flush=True)
+        continue
+    print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'result': r}), flush=True)
+'''
+
+def test_a_servers_own_error_and_its_undecodable_last_words(tmp_path):
+    """A server's error -32000 keeps its message (not "the server exited"); a server that exits after writing bytes that
+    are not UTF-8 on its stderr is the usual one line, its words with a replacement character."""
+    (tmp_path / 'raw.py').write_text(RAW_SERVER)
+    cmd = f'{sys.executable} {tmp_path / "raw.py"}'
+    line = _one_line(*_cli(call_main, '--mcp', cmd + ' error', 'echo', '{}')[::2], 1)
+    assert 'the API key is invalid' in line and 'exited' not in line, line
+    line = _one_line(*_cli(tools_main, '--mcp', cmd + ' bytes')[::2], 2)
+    assert 'exited with status 3 before it answered' in line and 'fatal: \ufffd\ufffd bad key' in line, line

@@ -46,6 +46,17 @@ def test_bad_skills_are_skipped_not_fatal(tmp_path, caplog):
     assert sum('skipping skill' in r.message for r in caplog.records) == 2
     with pytest.raises(SkillError): load_skills([tmp_path], strict=True)
 
+def test_an_alias_bomb_in_the_front_matter_is_skipped_quickly(tmp_path, caplog):
+    "A 350-byte SKILL.md whose name is YAML aliases of 10^8 leaves: skipped with its one warning, in well under 1 s."
+    lines, prev = ['a: &a ["x","x","x","x","x","x","x","x","x","x"]'], 'a'
+    for c in 'bcdefgh':
+        lines.append(f'{c}: &{c} [' + ','.join([f'*{prev}'] * 10) + ']')
+        prev = c
+    write_skill(tmp_path, 'bomb', '\n'.join(lines + [f'name: *{prev}', 'description: d']))
+    t0 = time.perf_counter()
+    assert load_skills([tmp_path]) == [] and time.perf_counter() - t0 < 1
+    assert any('name of type list must be' in r.message for r in caplog.records)
+
 def test_catalog_lists_name_description_and_location():
     skills = load_skills([example_skills_dir()], strict=True)
     cat = skill_catalog(skills)

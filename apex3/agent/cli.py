@@ -6,8 +6,8 @@
 __all__ = ['AGENT_COMMANDS', 'agent_main', 'remote_parser', 'show_event', 'run_main', 'chat_main']
 
 # %% ../../nbs/67_agent_cli.ipynb #91bc4447
-import json, sys
-from ..usage import ArgParser, UsageError, commands_usage, in_range, load_target, run_command
+import argparse, json, sys
+from ..usage import ArgParser, UsageError, commands_usage, in_range, load_target, run_command, utf8_text
 
 # %% ../../nbs/67_agent_cli.ipynb #943628b4
 AGENT_COMMANDS = {
@@ -74,7 +74,7 @@ def run_main(argv=()):
     "`apex3 agent run --model-url URL --model NAME --prompt TEXT`: the loop once; 0 for an answer, 1 for a limit."
     from apex3.agent.loop import run_agent
     p = remote_parser('apex3 agent run', 'Run the agent loop once on a model behind an OpenAI-compatible URL.')
-    p.add_argument('--prompt', required=True, help="the user's request")
+    p.add_argument('--prompt', required=True, type=utf8_text, help="the user's request")
     p.add_argument('--trace', default=None, help='write the run as a JSONL trace (apex3 agent replay replays it)')
     a = p.parse_args(argv)
     model, tools = _remote(a)
@@ -92,6 +92,8 @@ def chat_main(argv=()):
     msgs = []
     for line in sys.stdin:
         if not line.strip(): continue
+        try: utf8_text(line)
+        except argparse.ArgumentTypeError: raise UsageError('a line of stdin is not valid UTF-8 text') from None
         res = run_agent(model, tools, msgs + [{'role': 'user', 'content': line.rstrip('\n')}], a.max_turns,
                         a.max_tokens, on_event=show_event())
         msgs = res.messages

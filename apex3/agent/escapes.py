@@ -481,7 +481,7 @@ def _sandbox_parser():
     p.add_argument('--backend', choices=['bwrap', 'docker'], default='bwrap', help='(default: %(default)s)')
     p.add_argument('--timeout', type=in_range(float, 0, low_open=True), default=Limits.wall_s,
                    help='wall-clock limit in seconds (default: %(default)s)')
-    p.add_argument('--memory', type=in_range(int, 16), default=Limits.memory_mb,
+    p.add_argument('--memory', type=in_range(int, 16, 1 << 42), default=Limits.memory_mb,   # 4 EiB: fits a C long
                    help='memory limit in MiB (default: %(default)s)')
     p.add_argument('--disk', type=in_range(int, 1), default=Limits.disk_mb,
                    help='workspace quota in MiB, all files together (default: %(default)s)')

@@ -40,7 +40,8 @@ class RemoteError(UsageError):
 
 def check_url(url) -> str:
     "`url` without its trailing slash if it is an http(s) URL with a host, else a `UsageError`."
-    u = urlparse(url or '')
+    try: u = urlparse(url or '')
+    except ValueError as e: raise UsageError(f'--model-url {url!r}: {e}') from None
     if u.scheme not in ('http', 'https') or not u.netloc:
         raise UsageError(f'--model-url {url!r}: give an http(s) URL such as http://127.0.0.1:8000/v1')
     return url.rstrip('/')
@@ -79,6 +80,8 @@ class RemoteModel:
         import httpx2
         self.url, self.model, self.temperature, self.usage = check_url(url), model, temperature, []
         key = api_key or os.environ.get('OPENAI_API_KEY')
+        if key and not (key.isascii() and key.isprintable()):   # HTTP headers carry no other text
+            raise UsageError('the API key (--api-key or OPENAI_API_KEY) must be printable ASCII')
         self.http = httpx2.Client(timeout=timeout, headers={'Authorization': f'Bearer {key}'} if key else {})
 
     def chat(self, messages, tools, max_new):

@@ -31,12 +31,17 @@ def _front_matter(text):
     return meta, text[m.end():]
 
 # %% ../../nbs/64_skills.ipynb #bd7d41fa
+def _shown(x) -> str:
+    """A front-matter value for a message: a text's repr, cut; else its type alone (YAML aliases can make a value of
+    10^8 leaves in a few hundred bytes, whose repr would not end)."""
+    return repr(x[:80]) if isinstance(x, str) else f'of type {type(x).__name__}'
+
 def check_front_matter(meta, folder_name):
     "Every way `meta` breaks the specification, as a list of messages (empty: valid)."
-    errs = [f'unknown field {k!r} (allowed: {", ".join(sorted(_FIELDS))})' for k in meta if k not in _FIELDS]
+    errs = [f'unknown field {_shown(k)} (allowed: {", ".join(sorted(_FIELDS))})' for k in meta if k not in _FIELDS]
     name, desc = meta.get('name'), meta.get('description')
     if not isinstance(name, str) or not 1 <= len(name) <= 64 or not _NAME.fullmatch(name):
-        errs.append(f'name {name!r} must be 1-64 characters of a-z, 0-9 and single hyphens, not at either end')
+        errs.append(f'name {_shown(name)} must be 1-64 characters of a-z, 0-9 and single hyphens, not at either end')
     elif name != folder_name: errs.append(f'name {name!r} must equal the folder name {folder_name!r}')
     if not isinstance(desc, str) or not 1 <= len(desc.strip()) <= 1024:
         errs.append('description must be 1-1024 characters')

@@ -320,6 +320,7 @@ def bench_main(argv=None):
     a = bench_parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format='%(message)s')
     s, b = bench_settings(a)
+    if b.json: b = dataclasses.replace(b, json=os.path.abspath(b.json))   # the user's folder, not records/
     rec = bench(s, b)
     keys = ('micro_s_median', 'mfu_at_batch', 'tokens_per_s', 'offloaded_tensors', 'offloaded_gib', 'overflow_gib',
             'peak_gpu_gib', 'host_pinned_gib', 'fetched_gib', 'fetched_late', 'optimizer_s',

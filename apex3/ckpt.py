@@ -156,7 +156,8 @@ def clean_leftovers(ckpt_dir) -> list[Path]:
     for p in Path(ckpt_dir).glob(f'{TMP}*'):
         pid = p.name.rsplit('-', 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and _pid_alive(int(pid)): continue  # a live writer's
-        shutil.rmtree(p, ignore_errors=True)
+        if p.is_dir() and not p.is_symlink(): shutil.rmtree(p, ignore_errors=True)
+        else: p.unlink(missing_ok=True)   # a file of that name (a writer's tmp file, or anyone's)
         gone.append(p)
         _log.warning('removed %s, left by an interrupted checkpoint write', p)
     return gone
@@ -356,6 +357,8 @@ def load_component(file, map_location='cpu', mmap=True):
     except pickle.UnpicklingError as e:
         what = str(e).split('WeightsUnpickler error:')[-1].strip().splitlines()[0][:160]
         raise UsageError(f'{file} holds more than tensors and plain values, refused unloaded ({what})') from None
+    except (RuntimeError, EOFError) as e:   # its checksum may be right (a file cut, then listed again): not torch's
+        raise UsageError(f'{file} is not a whole torch file ({str(e).strip().splitlines()[0][:120]})') from None
 
 def load_checkpoint(path, components=None, map_location='cpu', verified=False, mmap=True) -> dict:
     """Verify (unless `verified`) and load the checkpoint at `path`: every component, or just `components`, as a dict;

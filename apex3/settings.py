@@ -450,6 +450,7 @@ def check_device(name: str):
     import torch
     try: dev = torch.device(name)
     except RuntimeError: raise UsageError(f'--device {name!r} is not a device (cpu, cuda, cuda:N)') from None
+    if dev.type not in ('cpu', 'cuda'): raise UsageError(f'--device {name!r}: apex3 runs on cpu or cuda (cuda:N)')
     if dev.type == 'cuda' and not torch.cuda.is_available():
         raise UsageError('--device cuda: no CUDA device is available')
 

@@ -202,8 +202,18 @@ def find_tokenizer(s):
 
 # %% ../nbs/70_train.ipynb #46abb431
 def load_probe(path) -> list:
-    "(prompt, answer) pairs of a probe JSONL."
-    return [(r['prompt'], str(r['answer'])) for r in map(json.loads, Path(path).read_text().splitlines()) if r]
+    "(prompt, answer) pairs of a probe JSONL, blank lines skipped; a `UsageError` names the first line that is not one."
+    try: lines = Path(path).read_text(encoding='utf-8').splitlines()
+    except UnicodeDecodeError: raise UsageError(f'--arith-probe {path}: not UTF-8 text') from None
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip(): continue
+        try: r = json.loads(line)
+        except (ValueError, RecursionError): r = None
+        if not (isinstance(r, dict) and isinstance(r.get('prompt'), str) and r['prompt'] and 'answer' in r):
+            raise UsageError(f'--arith-probe {path}:{i}: not a line {{"prompt": TEXT, "answer": ANSWER}}')
+        out.append((r['prompt'], str(r['answer'])))
+    return out
 
 def arith_probe_file(path, n=32, seed=0) -> Path:
     "Write `n` two-digit addition prompts as a probe JSONL."
@@ -324,6 +334,8 @@ def restore_state(run, loader, d, hooks=()):
     if path is None:
         _warn_once(f'--resume: no checkpoint in {folder}, starting afresh')
         return None
+    if missing := [k for k in ('model', 'optimizer', 'train', 'data', 'rng', 'args') if k not in ck]:
+        raise UsageError(f"{path} has no {', '.join(missing)}: not a checkpoint of apex3 train")
     if len(ck['data']) != d.world:
         raise UsageError(f"{path} was written by {len(ck['data'])} ranks, this job has {d.world}")
     if diff := changed_flags(ck['args'], run.flags):
@@ -392,12 +404,18 @@ def train(s: TrainSettings) -> int:
         if dist.is_initialized(): dist.destroy_process_group()
 
 # %% ../nbs/70_train.ipynb #d62622dc
-def _probe_setup(s: TrainSettings, d):
+def _probe_setup(s: TrainSettings, vocab_size):
+    "The probe's tokenizer and pairs, each prompt checked now (an error at the first probe step would lose the steps)."
     if not s.probe.arith_probe: return None, None
-    tok = find_tokenizer(s.data)
+    tok, probe = find_tokenizer(s.data), load_probe(s.probe.arith_probe)
     if tok is None:
         _warn_once('--arith-probe: no tokenizer (--tokenizer, or one named by the data meta.json); probe skipped')
-    return tok, load_probe(s.probe.arith_probe)
+    for prompt, _ in probe if tok else ():
+        ids = tok.encode(prompt)
+        if not ids or max(ids) >= vocab_size:
+            raise UsageError(f'--arith-probe: the prompt {prompt[:40]!r} encodes to '
+                             f'{"no token" if not ids else f"id {max(ids)}, past the model vocabulary {vocab_size}"}')
+    return tok, probe
 
 def _kept(saved_at):
     return f'the checkpoint at {saved_at:,} tokens is kept' if saved_at else 'no checkpoint was written'
@@ -415,7 +433,7 @@ def loop(run, loader, val, sched, st, d, hooks=()) -> int:
     step_tokens = m.accum * m.micro_bs * cfg.seq_len * d.world
     flops = m.accum * micro_flops(cfg, m.micro_bs)              # per rank and step
     peak = device_peak_tflops() if run.device.type == 'cuda' else None
-    tok, probe = _probe_setup(s, d)
+    tok, probe = _probe_setup(s, cfg.vocab_size)
     total = math.ceil(max(0, sched.stop - st.tokens) / step_tokens)
     steps_left = min(total, s.schedule.max_steps - st.step) if s.schedule.max_steps else total
     logger = StepLog(s.log.step_log or default_log(s), d, steps_left, s.log.progress, s.log.tensorboard)

@@ -6,7 +6,7 @@
 __all__ = ['plot_log', 'measure_tokens_per_s', 'sample', 'demo_train', 'train_vs_bench', 'plot_train_records']
 
 # %% ../nbs/70b_train_evidence.ipynb #ef5c5201
-import json, time
+import json, shutil, time
 from pathlib import Path
 import torch
 from .settings import train_parser, trainer_settings, run_settings
@@ -71,6 +71,7 @@ def demo_train(out_dir, data_dir, minutes=2.0, micro_bs=8, seq_len=128, lr=3e-3,
     into `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / 'ckpt', ignore_errors=True)   # this demo's own run, made afresh each time
     train_specs, val_specs = demo_specs(data_dir)
     meta = data_meta(train_specs[0])
     argv = ['--config', 'tiny', '--set', f"vocab_size={meta['vocab_size']}", '--eos-id', str(meta['eos_id']),

@@ -22,18 +22,20 @@ def test_what_a_hostile_hunt_found_is_one_line(tmp_path):
     nested past Python's recursion, a memory limit past a C long."""
     url = ['--model-url', 'http://127.0.0.1:9/v1', '--model', 'm']
     deep = '[' * 20000 + ']' * 20000
-    cases = [['run', *url, '--prompt', b'\xff'],
-             ['run', '--model-url', 'http://[::1/v1', '--model', 'm', '--prompt', 'hi'],
-             ['run', *url, '--api-key', 'k\u00e9', '--prompt', 'hi'], ['tools', '--mcp', '"unterminated'],
-             ['call', '--mcp', sys.executable, 'echo', deep], ['sandbox', '--memory', str(10 ** 14), '--', 'true']]
-    for args in cases:
+    env = {**os.environ, 'PYTHONPATH': str(ROOT), 'PYTHONUTF8': '1'}   # command-line bytes kept as such
+    cases = [(['run', *url, '--prompt', b'\xff'], 'not valid UTF-8'),
+             (['run', '--model-url', 'http://[::1/v1', '--model', 'm', '--prompt', 'hi'], 'Invalid IPv6'),
+             (['run', *url, '--api-key', 'k\u00e9', '--prompt', 'hi'], 'printable ASCII'),
+             (['tools', '--mcp', '"unterminated'], 'quote as a shell would'),
+             (['call', '--mcp', sys.executable, 'echo', deep], 'nested too deep'),
+             (['sandbox', '--memory', str(10 ** 14), '--', 'true'], '--memory')]
+    for args, why in cases:
         p = subprocess.run([sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())', 'agent',
-                            *args], capture_output=True, env={**os.environ, 'PYTHONPATH': str(ROOT)})
+                            *args], capture_output=True, env=env)
         err = p.stderr.decode(errors='replace')
-        assert p.returncode == 2 and len(err.strip().splitlines()) == 1 and 'Traceback' not in err, (args[:3], err)
+        assert p.returncode == 2 and len(err.strip().splitlines()) == 1 and why in err, (args[:3], err)
     p = subprocess.run([sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())', 'agent',
-                        'chat', *url], input=b'hi \xff\xfe\n', capture_output=True,
-                       env={**os.environ, 'PYTHONPATH': str(ROOT)})
+                        'chat', *url], input=b'hi \xff\xfe\n', capture_output=True, env=env)
     assert p.returncode == 2 and b'not valid UTF-8' in p.stderr, p.stderr[-500:]
 
 def test_replay_of_a_real_trace(tmp_path):

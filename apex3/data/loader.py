@@ -10,8 +10,8 @@ import numpy as np
 from ..usage import UsageError
 
 # %% auto #0
-__all__ = ['SAMPLE_RUNS', 'SAMPLE_LEN', 'parse_data_spec', 'ShardError', 'first_bad_id', 'open_shard', 'TokenSource',
-           'MixtureLoader', 'cu_seqlens']
+__all__ = ['SAMPLE_RUNS', 'SAMPLE_LEN', 'parse_data_spec', 'data_sources', 'ShardError', 'first_bad_id', 'open_shard',
+           'TokenSource', 'MixtureLoader', 'cu_seqlens']
 
 # %% ../../nbs/59_loader.ipynb #5fab48d0
 def parse_data_spec(spec) -> tuple:
@@ -24,6 +24,17 @@ def parse_data_spec(spec) -> tuple:
     if not name or not (0 < w < math.inf) or not pattern:   # NaN compares false both ways: refused here too
         raise UsageError(f'--data {spec!r}: need a name, a positive finite weight and a glob')
     return name, w, pattern
+
+def data_sources(specs) -> dict:
+    """{name: (weight, glob)} of `NAME=WEIGHT:GLOB` specs: a `UsageError` for a name given twice (the later would
+    replace the earlier, unread) or weights whose sum is no finite number."""
+    out = {}
+    for name, w, pattern in map(parse_data_spec, specs):
+        if name in out: raise UsageError(f'--data: two sources are named {name!r}; give each its own name')
+        out[name] = (w, pattern)
+    if not math.isfinite(sum(w for w, _ in out.values())):
+        raise UsageError('--data: the weights sum past the largest float; scale them down (only their ratios count)')
+    return out
 
 # %% ../../nbs/59_loader.ipynb #97c94326
 SAMPLE_RUNS, SAMPLE_LEN = 16, 256   # ids checked when a shard opens: 16 runs of 256 tokens spread over it
@@ -107,7 +118,7 @@ class MixtureLoader:
     "Weighted mixture of token sources yielding `[micro_bs, seq_len+1]` int64 rows; `state_dict()` resumes exactly."
     def __init__(self, sources, seq_len, micro_bs, seed=0, rank=0, world=1, check_ids=True):
         "`sources`: {name: (weight, glob)} or a list of `NAME=WEIGHT:GLOB` strings; `check_ids`: see `TokenSource`."
-        if isinstance(sources, (list, tuple)): sources = {n: (w, g) for n, w, g in map(parse_data_spec, sources)}
+        if isinstance(sources, (list, tuple)): sources = data_sources(sources)
         self.names = sorted(sources)
         w = np.array([float(sources[n][0]) for n in self.names])
         self.p = w / w.sum()

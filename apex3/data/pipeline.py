@@ -26,7 +26,7 @@ __all__ = ['STEPS', 'KINDS', 'MAX_WORKERS', 'SCHEMA', 'SOURCE_KEYS', 'TOKENIZE_D
            'DEDUP_WORK_PER_BYTE', 'PACKED', 'ESTIMATE_MARGIN', 'make_step', 'installed', 'config_errors', 'load_config',
            'source_of', 'source_stages', 'section', 'tokenizes', 'pipeline_stages', 'stage_row', 'run_pipeline',
            'bytes_per_token', 'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes', 'check_space', 'fs_error_line',
-           'check_writable', 'data_main', 'final_docs', 'all_rejects', 'output_files']
+           'check_writable', 'data_main', 'check_resumable', 'final_docs', 'all_rejects', 'output_files']
 
 # %% ../../nbs/5b_pipeline.ipynb #0c26d649
 def _decontaminate(policy='drop', n=13, humaneval=True, extra_jsonl=(), field='prompt'):
@@ -178,7 +178,7 @@ def load_config(path) -> dict:
     "Read and check a pipeline TOML (every problem in one `UsageError`); relative paths resolve against its folder."
     path = Path(path)
     if not path.exists(): raise UsageError(f'no such config: {path}')
-    try: cfg = tomllib.loads(path.read_bytes().decode('utf-8'))
+    try: cfg = tomllib.loads(path.read_bytes().decode('utf-8-sig'))   # a BOM, as Windows editors write
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e: raise UsageError(f'{path}: {e}') from None
     except OSError as e: raise UsageError(f'{path}: {e.strerror}') from None
     base = path.parent.resolve()
@@ -398,6 +398,13 @@ def data_main(argv=()):
         raise UsageError(fs_error_line(e)) from None
     except WorkerDied as e: raise UsageError(str(e)) from None
 
+def check_resumable(stage):
+    """A `UsageError` if the folder `stage` writes holds another stage's finished tasks: a run resumes its own tasks
+    and would take those as done."""
+    other = {json.loads(m.read_text()).get('stage') for m in (Path(stage.out)/'.done').glob('*.json')} - {stage.name}
+    if other: raise UsageError(f'{stage.out} holds the output of stage {sorted(map(str, other))[0]}: give another '
+                               'folder, or remove it')
+
 def _data_main(argv):
     p = ArgParser(prog='apex3 data', description='run the data pipeline or one stage')
     p.add_argument('what', help=f"run | demo | corpus | dedup | {' | '.join(STEPS)}")
@@ -435,9 +442,12 @@ def _data_main(argv):
     if len(a.args) != 2: raise UsageError(f'{a.what} expects SRC OUT')
     src, out = a.args
     if not list_shards(src): raise UsageError(f'no *.jsonl.zst shards in {src}')
+    if Path(src).resolve() == Path(out).resolve(): raise UsageError(f'{src}: SRC and OUT are one folder: the output '
+                                                                    'would replace the input')
     check_writable(out)
     stages = dedup_stages(src, Path(out)/'.dedup_work', out) if a.what == 'dedup' else \
              [MapStage(a.what, src, out, [make_step(a.what, {a.what: _set_params(a.set)})])]
+    check_resumable(stages[-1])
     ex = _executor(a)
     try:
         for st in stages: recs = ex.run(st)

@@ -1,0 +1,85 @@
+"""What a hostile hunt of the command line found, each judged from outside (a real process: its exit status, its one
+error line, and what is left on disk), each beside a control that shows the check can fail or the valid neighbour that
+passes."""
+import json, os, subprocess, sys
+from pathlib import Path
+import pytest
+import zstandard
+from apex3.ckpt import ckpt_name, list_checkpoints, SUMS
+from test_train import ROOT, TINY, data, finish, trainer
+from test_faults import STEP, EVERY, one_error
+
+def apex3(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())',
+                           *(a if isinstance(a, bytes) else str(a) for a in args)], capture_output=True, cwd=cwd,
+                          env={**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONUTF8': '1'})   # argv bytes kept as such
+
+def one_line(p, command):
+    err = p.stderr.decode(errors='replace')
+    assert p.returncode == 2 and err.count('\n') == 1 and err.startswith(f'apex3 {command}: error:'), err[-1500:]
+    return err.strip()
+
+def test_a_new_run_does_not_prune_another_runs_checkpoints(data, tmp_path):
+    "Without --resume, a folder holding checkpoints is refused before step 1, and they stay; with --resume it goes on."
+    ck = tmp_path / 'ck'
+    common = [*TINY, *data, '--total-tokens', 4 * STEP, *EVERY, '--ckpt-dir', ck]
+    assert finish(trainer(*common))[0] == 0
+    before = list_checkpoints(ck)
+    rc, _, err = finish(trainer(*common, '--seed', 3))
+    assert rc == 2 and 'add --resume' in one_error(err) and list_checkpoints(ck) == before
+    assert finish(trainer(*common, '--resume'))[0] == 0
+
+def test_a_listed_but_cut_checkpoint_is_one_line(data, tmp_path):
+    "A tensor file cut in half whose checksum list was written again: --resume says which file, in one line."
+    import hashlib
+    ck = tmp_path / 'ck'
+    common = [*TINY, *data, '--total-tokens', 4 * STEP, *EVERY, '--ckpt-dir', ck]
+    assert finish(trainer(*common, '--max-steps', 2))[0] == 0
+    last = list_checkpoints(ck)[-1]
+    m = last / 'model.pt'
+    m.write_bytes(m.read_bytes()[:m.stat().st_size // 2])
+    (last / SUMS).write_text(''.join(f'{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n'
+                                     for f in sorted(last.glob('*.pt'))))
+    rc, _, err = finish(trainer(*common, '--resume'))
+    assert rc == 2 and 'model.pt is not a whole torch file' in one_error(err)
+
+@pytest.mark.parametrize('lines, why', [('{"prompt": "1+1="}\n', 'not a line'), ('[1, 2]\n', 'not a line'),
+                                         ('{"prompt": "1+1=", "answer": 2}\nnot json\n', ':2: not a line')])
+def test_a_bad_probe_file_is_one_line_before_any_step(data, tmp_path, lines, why):
+    "The control: the same run with a good probe file finishes (blank lines are skipped)."
+    (tmp_path / 'probe.jsonl').write_text(lines)
+    common = [*TINY, *data, '--total-tokens', 2 * STEP, '--val-every', 0, '--step-log', tmp_path / 'log.jsonl',
+              '--arith-every', 1]
+    rc, _, err = finish(trainer(*common, '--arith-probe', tmp_path / 'probe.jsonl'))
+    assert rc == 2 and why in one_error(err) and not (tmp_path / 'log.jsonl').read_text()
+    (tmp_path / 'good.jsonl').write_text('{"prompt": "1+1=", "answer": 2}\n\n')
+    assert finish(trainer(*common, '--arith-probe', tmp_path / 'good.jsonl'))[0] == 0
+
+def test_data_names_twice_and_a_device_apex3_does_not_run_on(data, tmp_path):
+    shards = data[1].split(':', 1)[1]
+    for extra, why in ((['--data', f'std=1:{shards}'], "two sources are named 'std'"),
+                       (['--device', 'meta'], 'apex3 runs on cpu or cuda')):
+        rc, _, err = finish(trainer(*TINY, *data, '--total-tokens', STEP, '--val-every', 0, *extra))
+        assert rc == 2 and why in one_error(err)
+
+def test_generate_refuses_a_prompt_that_is_not_utf8(tmp_path):
+    p = apex3('generate', tmp_path, '--prompt', b'caf\xc3')
+    assert 'not valid UTF-8' in one_line(p, 'generate')
+
+def test_a_stage_never_writes_over_its_input_or_another_stages_output(tmp_path):
+    src = tmp_path / 'in'
+    src.mkdir()
+    doc = {'id': 'd0', 'text': 'One sentence here. Another one there. And a third one now.', 'meta': {}}
+    (src / 'shard-00000.jsonl.zst').write_bytes(zstandard.ZstdCompressor().compress(json.dumps(doc).encode() + b'\n'))
+    before = (src / 'shard-00000.jsonl.zst').read_bytes()
+    assert 'SRC and OUT are one folder' in one_line(apex3('data', 'c4', src, src, '--workers', 1), 'data')
+    assert (src / 'shard-00000.jsonl.zst').read_bytes() == before
+    assert apex3('data', 'c4', src, tmp_path / 'o').returncode == 0                     # the control
+    assert 'holds the output of stage c4' in one_line(apex3('data', 'gopher_quality', src, tmp_path / 'o'), 'data')
+    assert apex3('data', 'c4', src, tmp_path / 'o').returncode == 0                     # its own stage resumes
+
+def test_bench_json_is_the_users_path(tmp_path):
+    "A bare name is a file in the working folder (it went into the package's records/), here a folder: one line."
+    (tmp_path / 'adir').mkdir()
+    p = apex3('bench', '--device', 'cpu', '--config', 'tiny', '--steps', 1, '--warmup', 0, '--json', 'adir', cwd=tmp_path)
+    assert p.returncode == 2 and not (ROOT / 'records' / 'adir').exists(), p.stderr[-800:]

@@ -83,3 +83,14 @@ def test_bench_json_is_the_users_path(tmp_path):
     (tmp_path / 'adir').mkdir()
     p = apex3('bench', '--device', 'cpu', '--config', 'tiny', '--steps', 1, '--warmup', 0, '--json', 'adir', cwd=tmp_path)
     assert p.returncode == 2 and not (ROOT / 'records' / 'adir').exists(), p.stderr[-800:]
+
+@pytest.mark.parametrize('line', ['{"text": "Hello. There. Now."}', 'not json', '[1, 2]', '{"id": 1, "text": 5}'])
+def test_a_stage_input_that_is_not_documents_is_one_line(tmp_path, line):
+    "A user's own JSONL given to a stage (ingest is what turns any JSONL into documents); the control: a document."
+    src = tmp_path / 'in'
+    src.mkdir()
+    write = lambda text: (src / 'shard-00000.jsonl.zst').write_bytes(zstandard.ZstdCompressor().compress(text + b'\n'))
+    write(line.encode())
+    assert 'line 1: ' in one_line(apex3('data', 'c4', src, tmp_path / 'o'), 'data')
+    write(json.dumps({'id': 'a', 'text': 'One sentence here. Another one there. A third.'}).encode())
+    assert apex3('data', 'c4', src, tmp_path / 'o2').returncode == 0

@@ -154,3 +154,10 @@ def test_a_servers_own_error_and_its_undecodable_last_words(tmp_path):
     assert 'the API key is invalid' in line and 'exited' not in line, line
     line = _one_line(*_cli(tools_main, '--mcp', cmd + ' bytes')[::2], 2)
     assert 'exited with status 3 before it answered' in line and 'fatal: \ufffd\ufffd bad key' in line, line
+
+def test_a_schema_the_validator_cannot_apply_is_a_refusal_not_a_crash():
+    "A server's schema with a $ref nobody can resolve: the call is refused in words the model reads."
+    tool = lambda prop: Tool.from_spec({'name': 'r', 'description': 'd', 'call': lambda a: 'ran',
+                                        'parameters': {'type': 'object', 'properties': {'s': prop}}})
+    assert tool({'$ref': 'http://127.0.0.1:1/x.json'}).call({'s': 'x'}).startswith('error: the schema of r cannot be')
+    assert tool({'type': 'string'}).call({'s': 'x'}) == 'ran'   # the control: a schema it can apply

@@ -1,5 +1,5 @@
 "The agent sandbox: the escape suite per backend (printed as N/N blocked), its controls, the workspace quota, the CLI."
-import contextlib, errno, io, os, shutil, stat, subprocess, tempfile
+import contextlib, errno, io, os, shutil, stat, subprocess, tempfile, time
 import pytest
 from apex3.usage import UsageError, run_command
 from apex3.agent.sandbox import BwrapSandbox, DockerSandbox, Limits, Workspace, bwrap_argv, get_sandbox, docker_client
@@ -320,3 +320,31 @@ def test_a_tree_deeper_than_the_recursion_limit_comes_back_and_goes_in_again():
         rc, out, err = _cli('--workdir', d, '--disk', '64', '--', 'sh', '-c', 'echo again; find a -name leaf | wc -l')
         assert (rc, out) == (0, 'again\n1\n'), err[-500:]
     finally: subprocess.run(['rm', '-rf', d])   # shutil.rmtree recurses
+
+def _alive_with(marker) -> list:
+    out = []
+    for p in os.listdir('/proc'):
+        if p.isdigit():
+            try: cmd = open(f'/proc/{p}/cmdline', 'rb').read()
+            except OSError: continue
+            if marker.encode() in cmd and b'sh\x00-c' not in cmd: out.append(int(p))
+    return out
+
+def test_the_unsandboxed_runner_ends_what_its_command_started():
+    """`--unsandboxed`'s runner kills a timed-out command's whole session, as the sandbox does; the control: a plain
+    `subprocess.run` with the same timeout leaves the background child running."""
+    import uuid
+    from apex3.agent.tools import SubprocessRunner
+    def started(runner_run):
+        marker = f'apex3-orphan-{uuid.uuid4().hex[:8]}'
+        runner_run(['sh', '-c', f'python3 -c "import time; time.sleep(30)" {marker} & sleep 30'])
+        time.sleep(0.5)
+        return marker, _alive_with(marker)
+    marker, left = started(lambda cmd: SubprocessRunner(timeout=1).run(cmd))
+    assert left == [], left
+    def plain(cmd):
+        with contextlib.suppress(subprocess.TimeoutExpired): subprocess.run(cmd, timeout=1, capture_output=True)
+    marker, left = started(plain)
+    try: assert left, 'the control: a plain subprocess.run left nothing behind'
+    finally:
+        for pid in left: os.kill(pid, 9)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Literal, Optional, Union, get_args, get_origin, get_type_hints
 import jsonschema
-from .sandbox import SANDBOX_PYTHON, SandboxResult, get_sandbox
+from .sandbox import SANDBOX_PYTHON, Limits, SandboxResult, get_sandbox, run_limited
 from ..usage import UsageError
 
 # %% ../../nbs/61_tools.ipynb #3a104e1a
@@ -194,7 +194,9 @@ class Tool:
                    spec['call'], spec.get('timeout', timeout))
     def invalid(self, args) -> str:
         "What is wrong with `args` against the schema, as one line; '' when they fit."
-        errors = sorted(self.validator.iter_errors(args), key=lambda e: list(e.absolute_path))
+        try: errors = sorted(self.validator.iter_errors(args), key=lambda e: list(e.absolute_path))
+        except Exception as e:   # a server's schema the validator cannot apply (a $ref it cannot resolve, ...)
+            return f'the schema of {self.name} cannot be checked: {type(e).__name__}: {str(e)[:120]}'
         if not errors: return ''
         where = '/'.join(map(str, errors[0].absolute_path)) or 'arguments'
         return f'invalid arguments for {self.name}: {where}: {errors[0].message}'
@@ -227,15 +229,12 @@ class SubprocessRunner:
     "The sandbox's `run` interface on a plain subprocess with a timeout (no isolation); `env`: None for `minimal_env`."
     def __init__(self, timeout=10.0, env=None): self.timeout, self.env = timeout, env
     def run(self, cmd, stdin=None, timeout=None) -> SandboxResult:
-        t0 = time.monotonic()
-        try:
-            with tempfile.TemporaryDirectory(prefix='apex3-home-') as home:
-                p = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout or self.timeout,
-                                   env=minimal_env(home) if self.env is None else self.env)
-            return SandboxResult(p.stdout, p.stderr, p.returncode, False, time.monotonic() - t0, backend='subprocess')
-        except subprocess.TimeoutExpired as e:
-            out, err = (x.decode(errors='replace') if isinstance(x, bytes) else x or '' for x in (e.stdout, e.stderr))
-            return SandboxResult(out, err, -9, True, time.monotonic() - t0, backend='subprocess')
+        "`cmd` in a session of its own, as the sandbox runs it: a timeout kills what it started too; output bounded."
+        with tempfile.TemporaryDirectory(prefix='apex3-home-') as home:
+            rc, out, err, timed_out, cut, secs = run_limited(
+                cmd, stdin, timeout or self.timeout, Limits.output_bytes,
+                env=minimal_env(home) if self.env is None else self.env)
+        return SandboxResult(out, err, -9 if timed_out else rc, timed_out, secs, cut, backend='subprocess')
 
 def get_runner(backend='bwrap', wall_s=10.0, fallback=True, **limits):
     """The sandbox of `backend`; where it cannot run here, a `SubprocessRunner` with a warning, or with

@@ -58,3 +58,22 @@ def test_unisolated_runner_keeps_the_callers_environment_out(monkeypatch):
     assert python_tool(SubprocessRunner(), timeout=5).fn(dict(code=code)) == 'None 0\n'
     leaky = SubprocessRunner(env=dict(os.environ))   # the control: with the host environment passed, the code sees it
     assert python_tool(leaky, timeout=5).fn(dict(code=code)) == 'sk-planted-6767 1\n'
+
+def test_a_trace_that_is_not_one_is_one_line(tmp_path):
+    """Traces whose records have the right containers but the wrong things in them (a turn without its number, pieces
+    that are not text, a message that is not an object, a system message last), each one line and status 2; the
+    control: the same trace made right is replayed."""
+    start = {'kind': 'start', 'messages': [{'role': 'user', 'content': 'hi'}], 'tools': [], 'max_turns': 2,
+             'max_tokens': 50, 'max_output': 100}
+    turn = {'kind': 'turn', 'turn': 0, 'prompt': 'p', 'pieces': ['hello', '<|im_end|>'], 'results': []}
+    end = {'kind': 'end', 'reason': 'answer', 'answer': 'hello'}
+    bad = [(start, {k: v for k, v in turn.items() if k != 'turn'}), (start, {**turn, 'pieces': [1, 2]}),
+           ({**start, 'messages': ['hi']}, turn),
+           ({**start, 'messages': [{'role': 'user', 'content': 'hi'}, {'role': 'system', 'content': 'late'}]}, turn)]
+    for k, (s, t) in enumerate(bad):
+        (tmp_path / f'{k}.jsonl').write_text('\n'.join(json.dumps(r) for r in (s, t, end)) + '\n')
+        p = agent('replay', tmp_path / f'{k}.jsonl')
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and 'Traceback' not in p.stderr, p.stderr
+    (tmp_path / 'good.jsonl').write_text('\n'.join(json.dumps(r) for r in (start, turn, end)) + '\n')
+    p = agent('replay', tmp_path / 'good.jsonl')   # replayed (its recorded prompt differs from the real one: status 1)
+    assert p.returncode == 1 and 'replayed 1 turns: differs at turn 0' in p.stdout, (p.stdout, p.stderr)

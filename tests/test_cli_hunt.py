@@ -81,7 +81,8 @@ def test_a_stage_never_writes_over_its_input_or_another_stages_output(tmp_path):
 def test_bench_json_is_the_users_path(tmp_path):
     "A bare name is a file in the working folder (it went into the package's records/), here a folder: one line."
     (tmp_path / 'adir').mkdir()
-    p = apex3('bench', '--device', 'cpu', '--config', 'tiny', '--steps', 1, '--warmup', 0, '--json', 'adir', cwd=tmp_path)
+    p = apex3('bench', '--device', 'cpu', '--config', 'tiny', '--steps', 1, '--warmup', 0, '--json', 'adir',
+              cwd=tmp_path)
     assert p.returncode == 2 and not (ROOT / 'records' / 'adir').exists(), p.stderr[-800:]
 
 @pytest.mark.parametrize('line', ['{"text": "Hello. There. Now."}', 'not json', '[1, 2]', '{"id": 1, "text": 5}'])

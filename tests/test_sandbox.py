@@ -348,3 +348,9 @@ def test_the_unsandboxed_runner_ends_what_its_command_started():
     try: assert left, 'the control: a plain subprocess.run left nothing behind'
     finally:
         for pid in left: os.kill(pid, 9)
+
+@needs_bwrap
+def test_a_tiny_timeout_times_out_the_command_not_the_backend():
+    "`--timeout 0.001` is the command's limit: it times out (exit 124), where it once said bwrap does not work here."
+    rc, out, err = _cli('--timeout', '0.001', '--', 'sleep', '1')
+    assert rc == 124 and 'does not work here' not in err, (rc, err)

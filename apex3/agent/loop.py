@@ -11,6 +11,7 @@ import json, os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from jinja2.exceptions import TemplateError
 from .chat import CHAT_TEMPLATE, StreamParser, render_chat
 from .tools import Tool
 from ..usage import ArgParser, UsageError
@@ -174,7 +175,15 @@ def run_agent(model, tools, messages, max_turns=8, max_tokens=2048, max_output=2
 
 # %% ../../nbs/65_loop.ipynb #2617b26f
 _NEEDS = {'start': {'messages': list, 'tools': list, 'max_turns': int, 'max_tokens': int, 'max_output': int},
-          'turn': {'prompt': str, 'pieces': list, 'results': list}, 'end': {'reason': str}}
+          'turn': {'turn': int, 'prompt': str, 'pieces': list, 'results': list}, 'end': {'reason': str}}
+_ITEMS = {'messages': dict, 'tools': dict, 'pieces': str, 'results': str}   # what each list of a record holds
+
+def _fits(r, need) -> bool:
+    "Does record `r` have the fields `need` names, of their types, its lists holding what they should?"
+    return (all(isinstance(r.get(k), t) for k, t in need.items())
+            and all(isinstance(x, _ITEMS[k]) for k in need if k in _ITEMS for x in r[k])
+            and all(isinstance(m.get('role'), str) and isinstance(m.get('content', ''), str)
+                    for m in r.get('messages', [])))
 
 def read_trace(path):
     "The records of a trace file, checked; a `UsageError` names the first bad line."
@@ -183,9 +192,9 @@ def read_trace(path):
     recs = []
     for i, line in enumerate(lines, 1):
         try: r = json.loads(line)
-        except ValueError: raise UsageError(f'{path}:{i}: not a JSON line')
+        except (ValueError, RecursionError): raise UsageError(f'{path}:{i}: not a JSON line') from None
         need = _NEEDS.get(r.get('kind')) if isinstance(r, dict) else None
-        if need is None or any(not isinstance(r.get(k), t) for k, t in need.items()):
+        if need is None or not _fits(r, need):
             raise UsageError(f'{path}:{i}: not a trace record (kind start|turn|end with its fields)')
         recs.append(r)
     if not recs or recs[0]['kind'] != 'start' or recs[-1]['kind'] != 'end':
@@ -213,9 +222,11 @@ def replay(path, out=None):
     recs = read_trace(path)
     start, turns, end = recs[0], [r for r in recs if r['kind'] == 'turn'], recs[-1]
     rec = _Recorded(turns)
-    res = run_agent(rec, [rec.tool(s) for s in start['tools']], start['messages'], start['max_turns'],
-                    start['max_tokens'], start['max_output'], trace=out, call=rec.call,
-                    parallel=False)   # recorded results are played back in their order
+    try: res = run_agent(rec, [rec.tool(s) for s in start['tools']], start['messages'], start['max_turns'],
+                         start['max_tokens'], start['max_output'], trace=out, call=rec.call,
+                         parallel=False)   # recorded results are played back in their order
+    except (TemplateError, RecursionError) as e:
+        raise UsageError(f'{path}: its messages or tools do not fit the chat template ({type(e).__name__})') from None
     for i, t in enumerate(turns):
         if i >= len(rec.prompts) or rec.prompts[i] != t['prompt']: return len(turns), i
     same = (res.reason, res.answer, res.turns) == (end['reason'], end.get('answer'), len(turns))

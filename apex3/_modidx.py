@@ -15,6 +15,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'apex3.agent.chat._raise': ('chat.html#_raise', 'apex3/agent/chat.py'),
                                   'apex3.agent.chat._tojson': ('chat.html#_tojson', 'apex3/agent/chat.py'),
                                   'apex3.agent.chat.check_call': ('chat.html#check_call', 'apex3/agent/chat.py'),
+                                  'apex3.agent.chat.escape_tags': ('chat.html#escape_tags', 'apex3/agent/chat.py'),
                                   'apex3.agent.chat.golden_conversations': ('chat.html#golden_conversations', 'apex3/agent/chat.py'),
                                   'apex3.agent.chat.held_back': ('chat.html#held_back', 'apex3/agent/chat.py'),
                                   'apex3.agent.chat.join_events': ('chat.html#join_events', 'apex3/agent/chat.py'),

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from jinja2.exceptions import TemplateError
-from .chat import CHAT_TEMPLATE, StreamParser, render_chat
+from .chat import CHAT_TEMPLATE, StreamParser, escape_tags, render_chat
 from .tools import Tool
 from ..usage import ArgParser, UsageError
 
@@ -158,7 +158,7 @@ def run_agent(model, tools, messages, max_turns=8, max_tokens=2048, max_output=2
         msgs.append(msg)
         results = run_calls(call, tools, turn_calls, max_output, parallel)
         for (n, _), r in zip(turn_calls, results): on_event(('result', n, r))
-        msgs += [{'role': 'tool', 'name': n or '', 'content': r} for (n, _), r in zip(turn_calls, results)]
+        msgs += [{'role': 'tool', 'name': n or '', 'content': escape_tags(r)} for (n, _), r in zip(turn_calls, results)]
         calls += [(n, a, r) for (n, a), r in zip(turn_calls, results)]
         tr.write(kind='turn', turn=turn, prompt=prompt, pieces=pieces, events=events, results=results)
         res.turns = turn + 1

@@ -1825,6 +1825,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.serve._serve': ('serve.html#_serve', 'apex3/serve.py'),
                              'apex3.serve._server_error': ('serve.html#_server_error', 'apex3/serve.py'),
                              'apex3.serve._tool_calls': ('serve.html#_tool_calls', 'apex3/serve.py'),
+                             'apex3.serve._unless_gone': ('serve.html#_unless_gone', 'apex3/serve.py'),
                              'apex3.serve.chat': ('serve.html#chat', 'apex3/serve.py'),
                              'apex3.serve.completions': ('serve.html#completions', 'apex3/serve.py'),
                              'apex3.serve.decode_choices': ('serve.html#decode_choices', 'apex3/serve.py'),

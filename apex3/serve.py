@@ -17,7 +17,7 @@ from jinja2.exceptions import TemplateError
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from .agent.chat import CHAT_TEMPLATE, StreamParser, held_back, render_chat
 from .generate_cli import DEVICE_HELP
@@ -427,7 +427,7 @@ class Server:
                 if body is not None and body.get('model') != self.name:
                     raise BadRequest(f"model {str(body.get('model'))[:80]!r} is not served here; this server serves "
                                      f"{self.name!r}", 404, 'model', 'not_found_error')
-                return await handle(body)
+                return await _unless_gone(request, handle(body))
             except BadRequest as e: return JSONResponse(e.body(), e.status)
         return endpoint
 
@@ -501,6 +501,18 @@ class Server:
 
 # %% ../nbs/74_serve.ipynb #a5d1d9fa
 def _no_constant(name): raise ValueError(f'{name} is not JSON')
+
+async def _unless_gone(request, work, every=0.25):
+    """Await `work`, cancelled if the client leaves first: a reply that is not streamed is decoded whole before it is
+    sent, so a client that gave up would hold decoder rows for no one (a stream stops when its client does)."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        await asyncio.wait({task}, timeout=every)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()   # its decode_choices ends: its jobs are marked cancelled, their rows freed
+            with contextlib.suppress(asyncio.CancelledError): await task
+            return Response(status_code=499)   # nginx's "client closed request": nobody reads it
+    return task.result()
 
 async def _http_error(request, exc):
     "Starlette's own refusals (no such route, wrong method) as OpenAI-style JSON errors."

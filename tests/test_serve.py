@@ -379,6 +379,23 @@ def test_a_client_that_leaves_frees_its_row(server, demo, monkeypatch, protected
     assert not any(srv.batcher.rows) and (steps < 200 if protected else steps == 399), steps
 
 
+
+@pytest.mark.parametrize('protected', [True, False])
+def test_a_client_that_leaves_a_whole_reply_frees_its_rows(server, demo, monkeypatch, protected):
+    """A non-streamed request of 8 prompts × 400 tokens whose client gives up after 0.3 s: its rows are freed well before
+    the 400th step; the control, the reply awaited whatever the client does, decodes all 400 for no one."""
+    import httpx2, apex3.serve as serve_mod
+    srv, _, url = server
+    if not protected: monkeypatch.setattr(serve_mod, '_unless_gone', lambda request, work: work)
+    _, _, train, *_ = demo
+    before = len(srv.batcher.sizes)
+    body = {'model': 'demo', 'prompt': [train[0][0]] * 8, 'max_tokens': 400, 'temperature': 0, 'ignore_eos': True}
+    with pytest.raises(httpx2.ReadTimeout): httpx2.post(f'{url}/completions', json=body, timeout=0.3)
+    deadline = time.time() + 120
+    while any(srv.batcher.rows) and time.time() < deadline: time.sleep(0.05)
+    steps = len(srv.batcher.sizes) - before
+    assert not any(srv.batcher.rows) and (steps < 300 if protected else steps >= 399), steps
+
 def test_a_conversations_next_turn_prefills_only_what_is_new(server, demo):
     """An agent's next turn starts with its last turn's prompt and reply: the decoder reuses the row that holds them
     and prefills only the rest, and the answer is the one a fresh server (the control: nothing held, nothing reused)

@@ -472,6 +472,10 @@ def loop(run, loader, val, sched, st, d, hooks=()) -> int:
         raise UsageError(f'the GPU ran out of memory in step {st.step + 1} ({str(e).splitlines()[0][:160]}); {kept}: '
                          'train fewer layers or a smaller --micro-bs, or use --offload / --recompute (`apex3 plan` '
                          'says what fits)') from None
+    except RuntimeError as e:   # the CPU allocator's out-of-memory is a plain RuntimeError
+        if "can't allocate memory" not in str(e): raise
+        raise UsageError(f'host memory ran out in step {st.step + 1} ({str(e).splitlines()[0][:120]}); '
+                         f'{_kept(saved_at)}: a smaller --micro-bs or --seq-len') from None
     finally: logger.close()
 
 

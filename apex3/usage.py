@@ -74,6 +74,9 @@ def run_command(name, fn, argv=None):
     except BrokenPipeError:
         _silence_stdout()
         return 141
+    except KeyboardInterrupt:   # Ctrl-C: what a file was being written when it came is whole or absent (atomic writes)
+        print(f'\napex3 {name}: interrupted', file=sys.stderr)
+        return 130
     except OSError as e:
         if not is_fs_error(e): raise   # not the file system: a bug, and its traceback says where
         return _refuse(name, os_error_line(e))

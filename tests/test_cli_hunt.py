@@ -95,3 +95,29 @@ def test_a_stage_input_that_is_not_documents_is_one_line(tmp_path, line):
     assert 'line 1: ' in one_line(apex3('data', 'c4', src, tmp_path / 'o'), 'data')
     write(json.dumps({'id': 'a', 'text': 'One sentence here. Another one there. A third.'}).encode())
     assert apex3('data', 'c4', src, tmp_path / 'o2').returncode == 0
+
+def test_data_flags_that_do_not_apply_are_refused(tmp_path):
+    "A flag the command would ignore is one line; the control: the same command without it runs."
+    src = tmp_path / 'in'
+    src.mkdir()
+    doc = {'id': 'a', 'text': 'One sentence here. Another one there. A third.'}
+    (src / 'shard-00000.jsonl.zst').write_bytes(zstandard.ZstdCompressor().compress(json.dumps(doc).encode() + b'\n'))
+    for args, why in ((['c4', src, tmp_path / 'o', '--max-files', 1], '--max-files is for demo and corpus'),
+                      (['dedup', src, tmp_path / 'o', '--set', 'nosuch=1'], '--set is for a stage'),
+                      (['corpus', tmp_path / 'c', 'extra'], 'at most one OUT')):
+        assert why in one_line(apex3('data', *args), 'data')
+    assert apex3('data', 'c4', src, tmp_path / 'o').returncode == 0
+
+def test_ctrl_c_is_one_line_and_status_130(data, tmp_path):
+    "SIGINT mid-run: status 130 and one line, no traceback; a checkpoint written before it verifies."
+    import signal, time
+    from apex3.ckpt import latest_checkpoint
+    common = [*TINY, *data, '--total-tokens', 400 * STEP, '--ckpt-every', 2 * STEP, '--val-every', 0,
+              '--ckpt-dir', tmp_path / 'ck']
+    p = trainer(*common)
+    deadline = time.time() + 120
+    while not list_checkpoints(tmp_path / 'ck') and time.time() < deadline: time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    rc, _, err = finish(p)
+    assert rc == 130 and 'Traceback' not in err and err.rstrip().endswith('apex3 train: interrupted'), err[-800:]
+    assert latest_checkpoint(tmp_path / 'ck') is not None

@@ -422,6 +422,11 @@ def _data_main(argv):
         raise UsageError("--executor ray needs ray: pip install -e '.[ray]'")
     known = ('run', 'demo', 'corpus', 'dedup', *STEPS)
     if a.what not in known: raise UsageError(f"unknown stage {a.what!r} (choose from {', '.join(known)})")
+    if a.max_files is not None and a.what not in ('demo', 'corpus'):
+        raise UsageError('--max-files is for demo and corpus')
+    if a.set and a.what in ('run', 'demo', 'corpus', 'dedup'):
+        raise UsageError(f'--set is for a stage with parameters, not {a.what} (a config sets those of run)')
+    if a.what in ('demo', 'corpus') and len(a.args) > 1: raise UsageError(f'{a.what} expects at most one OUT')
     if a.what in ('demo', 'corpus'):
         from apex3.data.corpus import build_corpus
         out = Path(a.args[0] if a.args else 'apex3-data')

@@ -11,7 +11,6 @@ import functools, json, logging, sys
 from contextlib import contextmanager
 from pathlib import Path
 import numpy as np
-from .ckpt import list_checkpoints
 from .usage import UsageError, probe_writable, warn_once
 
 _log = logging.getLogger('apex3.train')   # the trainer's logger: these lines are the trainer's
@@ -129,7 +128,8 @@ def check_outputs(s, d):
     new run does not write into another run's checkpoints (pruning keeps the newest, whichever run wrote them)."""
     if not d.main: return
     if s.ckpt.ckpt_dir: _writable(s.ckpt.ckpt_dir, '--ckpt-dir')
-    if s.ckpt.ckpt_dir and not s.ckpt.resume and (old := list_checkpoints(s.ckpt.ckpt_dir)):
+    # `tokens-N` zero-padded (chapter `71_ckpt`): the last name is the newest
+    if s.ckpt.ckpt_dir and not s.ckpt.resume and (old := sorted(Path(s.ckpt.ckpt_dir).glob('tokens-*'))):
         raise UsageError(f'--ckpt-dir {s.ckpt.ckpt_dir} holds checkpoints of a run (newest {old[-1].name}): add '
                          '--resume to go on with it, or give an empty folder')
     log = Path(s.log.step_log or default_log(s))

@@ -112,8 +112,8 @@ def test_ctrl_c_is_one_line_and_status_130(data, tmp_path):
     "SIGINT mid-run: status 130 and one line, no traceback; a checkpoint written before it verifies."
     import signal, time
     from apex3.ckpt import latest_checkpoint
-    common = [*TINY, *data, '--total-tokens', 400 * STEP, '--ckpt-every', 2 * STEP, '--val-every', 0,
-              '--ckpt-dir', tmp_path / 'ck']
+    common = [*TINY, *data, '--total-tokens', 10 ** 6 * STEP, '--ckpt-every', 20 * STEP, '--val-every', 0,
+              '--ckpt-dir', tmp_path / 'ck']   # a run far longer than the test: it ends by the signal, not by itself
     p = trainer(*common)
     deadline = time.time() + 120
     while not list_checkpoints(tmp_path / 'ck') and time.time() < deadline: time.sleep(0.1)

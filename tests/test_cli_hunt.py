@@ -114,7 +114,8 @@ def test_ctrl_c_is_one_line_and_status_130(data, tmp_path):
     from apex3.ckpt import latest_checkpoint
     common = [*TINY, *data, '--total-tokens', 10 ** 6 * STEP, '--ckpt-every', 20 * STEP, '--val-every', 0,
               '--ckpt-dir', tmp_path / 'ck']   # a run far longer than the test: it ends by the signal, not by itself
-    p = trainer(*common)
+    # a shell's background job starts with SIGINT ignored, which Python then keeps: the default, as at a terminal
+    p = trainer(*common, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not list_checkpoints(tmp_path / 'ck') and time.time() < deadline: time.sleep(0.1)
     p.send_signal(signal.SIGINT)

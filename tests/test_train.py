@@ -1,5 +1,5 @@
 "The trainer as a user runs it, in subprocesses on CPU: flags, kill-and-resume equality, non-finite steps, FSDP2 on two ranks."
-import json, math, os, signal, subprocess, sys, time
+import json, math, os, shutil, signal, subprocess, sys, time
 from functools import partial
 from pathlib import Path
 import pytest, torch
@@ -118,6 +118,7 @@ def _fsdp_run(ckpt, *extra):
     "Two gloo ranks under torchrun; gloo's process group can abort at start-up on a starved 2-core machine (seen once,"
     "SIGABRT of a rank): that is the launcher, not the training, so it gets one more start."
     for attempt in range(2):
+        if attempt and '--resume' not in extra: shutil.rmtree(ckpt, ignore_errors=True)   # a new run, not the old one's
         rc, _, err = finish(trainer(*TINY, '--fsdp', '--val-every', 0, '--ckpt-dir', ckpt, *extra, torchrun=2))
         if rc == 0 or not ('SIGABRT' in err or 'Signal 6' in err or 'gloo' in err.lower()): break
     assert rc == 0, err[-3000:]

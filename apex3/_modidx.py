@@ -1994,6 +1994,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.usage._silence_stdout': ('usage.html#_silence_stdout', 'apex3/usage.py'),
                              'apex3.usage.commands_usage': ('usage.html#commands_usage', 'apex3/usage.py'),
                              'apex3.usage.free_port': ('usage.html#free_port', 'apex3/usage.py'),
+                             'apex3.usage.header_text': ('usage.html#header_text', 'apex3/usage.py'),
                              'apex3.usage.in_range': ('usage.html#in_range', 'apex3/usage.py'),
                              'apex3.usage.is_fs_error': ('usage.html#is_fs_error', 'apex3/usage.py'),
                              'apex3.usage.load_target': ('usage.html#load_target', 'apex3/usage.py'),

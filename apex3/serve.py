@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from .agent.chat import CHAT_TEMPLATE, StreamParser, held_back, render_chat
 from .generate_cli import DEVICE_HELP
-from .usage import ArgParser, UsageError, in_range, run_command
+from .usage import ArgParser, UsageError, header_text, in_range, run_command
 
 _log = logging.getLogger('apex3.serve')
 
@@ -657,8 +657,7 @@ def _serve(argv):
     from apex3.settings import check_not_empty
     a = serve_parser().parse_args(argv)   # before torch loads: a bad flag costs no import
     check_not_empty(vars(a))
-    if a.api_key is not None and not (a.api_key.isascii() and a.api_key.isprintable()):
-        raise UsageError('--api-key: printable ASCII only (HTTP headers carry no other text a client could match)')
+    if a.api_key is not None: header_text(a.api_key, '--api-key')
     if a.host not in ('127.0.0.1', 'localhost', '::1') and a.api_key is None:
         _log.warning(f'serving on {a.host} with no --api-key: anyone who can reach the port can use the model')
     from apex3.generate import quantize_int8

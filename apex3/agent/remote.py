@@ -9,7 +9,7 @@ __all__ = ['openai_messages', 'RemoteError', 'check_url', 'RemoteModel']
 # %% ../../nbs/65a_remote.ipynb #eb3a4a5b
 import json, os
 from urllib.parse import urlparse
-from ..usage import UsageError
+from ..usage import UsageError, header_text
 
 # %% ../../nbs/65a_remote.ipynb #2003e1c4
 def openai_messages(messages) -> list:
@@ -21,7 +21,7 @@ def openai_messages(messages) -> list:
         if m['role'] == 'tool' and not m.get('name'):
             errors.append({'role': 'user', 'content': m['content']})
             continue
-        if m['role'] != 'tool': out, errors = out + errors, []
+        if m['role'] != 'tool': out, errors = out + errors, []   # the turn's results are over: its errors follow
         if m['role'] == 'assistant' and m.get('tool_calls'):
             calls = [c.get('function', c) for c in m['tool_calls']]
             pending = [f'call_{i}_{k}' for k in range(len(calls))]
@@ -80,8 +80,7 @@ class RemoteModel:
         import httpx2
         self.url, self.model, self.temperature, self.usage = check_url(url), model, temperature, []
         key = api_key or os.environ.get('OPENAI_API_KEY')
-        if key and not (key.isascii() and key.isprintable()):   # HTTP headers carry no other text
-            raise UsageError('the API key (--api-key or OPENAI_API_KEY) must be printable ASCII')
+        if key: header_text(key, 'the API key (--api-key or OPENAI_API_KEY)')
         self.http = httpx2.Client(timeout=timeout, headers={'Authorization': f'Bearer {key}'} if key else {})
 
     def chat(self, messages, tools, max_new):

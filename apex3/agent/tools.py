@@ -7,7 +7,7 @@ __all__ = ['type_schema', 'function_schema', 'Unit', 'schema_examples', 'Tool', 
            'runner_python', 'python_tool']
 
 # %% ../../nbs/61_tools.ipynb #721dedcc
-import inspect, json, logging, os, re, subprocess, sys, tempfile, threading, time, types
+import inspect, json, logging, os, re, sys, tempfile, threading, types
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Literal, Optional, Union, get_args, get_origin, get_type_hints

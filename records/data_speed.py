@@ -63,6 +63,7 @@ def run_one(impl, task, src, out, dt_python, workers=1) -> dict:
     kind = task.split(':')[0]
     argv = ([sys.executable, __file__, '--child', task, str(src), str(out), str(workers)] if impl == 'apex3' else
             [dt_python, str(HERE/'data_bench_datatrove.py'), '--task', impl, kind, str(src), str(out)])
+    os.sync()  # the last run's files reach the disk now: their writeback must not fall inside this run's timing
     load0, r0 = os.getloadavg(), resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(argv, capture_output=True, text=True)

@@ -7,8 +7,8 @@ __all__ = ['SUMS', 'TMP', 'CKPT_OVERHEAD', 'ckpt_name', 'checkpoint_tokens', 'li
            'replace_file', 'save_file', 'sha256_file', 'write_sums', 'read_sums', 'verify_checkpoint', 'known_good',
            'clean_leftovers', 'complete_checkpoints', 'room_keep', 'make_room', 'prune_checkpoints', 'os_error_in',
            'fs_cause', 'save_checkpoint', 'room_needed', 'check_room', 'optimizer_state_bytes', 'checkpoint_bytes',
-           'check_checkpoint_room', 'latest_checkpoint', 'load_component', 'load_checkpoint', 'rng_state',
-           'set_rng_state']
+           'check_checkpoint_room', 'verified_checkpoints', 'latest_checkpoint', 'load_component', 'load_checkpoint',
+           'rng_state', 'set_rng_state']
 
 # %% ../nbs/71_ckpt.ipynb #3ba48668
 import hashlib, logging, os, random, re, shutil, sys
@@ -321,21 +321,23 @@ def check_checkpoint_room(ckpt_dir, model, opt, keep, saves):
     check_room(ckpt_dir, size, keep, saves)
 
 # %% ../nbs/71_ckpt.ipynb #294f9987
-def latest_checkpoint(ckpt_dir) -> Path | None:
-    "The newest checkpoint in `ckpt_dir` whose checksums verify; None if there are none."
+def verified_checkpoints(ckpt_dir):
+    """The checkpoints in `ckpt_dir` whose checksums verify, newest first, each checked only when the one before it is
+    passed over; a warning for each that does not verify, and for what an unfinished write left."""
     ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir(): return None
+    if not ckpt_dir.is_dir(): return
     for p in sorted(ckpt_dir.glob(f'{TMP}*')):
         _log.warning('skipping %s: left by an unfinished checkpoint write or deletion (the next save removes it)', p)
-    bad = []
     for p in reversed(list_checkpoints(ckpt_dir)):
-        if not (problems := verify_checkpoint(p)): return p
-        _log.warning('skipping checkpoint %s: %s', p, '; '.join(problems))
-        bad.append(p.name)
-    if bad:
-        raise UsageError(f'no checkpoint in {ckpt_dir} verifies ({", ".join(bad)} are corrupt); '
+        if not (problems := verify_checkpoint(p)): yield p
+        else: _log.warning('skipping checkpoint %s: %s', p, '; '.join(problems))
+
+def latest_checkpoint(ckpt_dir) -> Path | None:
+    "The newest checkpoint in `ckpt_dir` whose checksums verify; None if there are none."
+    if (p := next(verified_checkpoints(ckpt_dir), None)) is None and (bad := list_checkpoints(ckpt_dir)):
+        raise UsageError(f'no checkpoint in {ckpt_dir} verifies ({", ".join(b.name for b in bad)} are corrupt); '
                          'move them aside to start afresh')
-    return None
+    return p
 
 # %% ../nbs/71_ckpt.ipynb #3de45f6a
 def _numpy_array_globals():

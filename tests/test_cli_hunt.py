@@ -30,18 +30,52 @@ def test_a_new_run_does_not_prune_another_runs_checkpoints(data, tmp_path):
     assert finish(trainer(*common, '--resume'))[0] == 0
 
 def test_a_listed_but_cut_checkpoint_is_one_line(data, tmp_path):
-    "A tensor file cut in half whose checksum list was written again: --resume says which file, in one line."
-    import hashlib
+    """A tensor file cut in half whose checksum list was written again: --resume passes it over naming the file; with
+    no checkpoint left it stops in one line, the checkpoint kept."""
     ck = tmp_path / 'ck'
     common = [*TINY, *data, '--total-tokens', 4 * STEP, *EVERY, '--ckpt-dir', ck]
     assert finish(trainer(*common, '--max-steps', 2))[0] == 0
     last = list_checkpoints(ck)[-1]
     m = last / 'model.pt'
     m.write_bytes(m.read_bytes()[:m.stat().st_size // 2])
-    (last / SUMS).write_text(''.join(f'{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n'
-                                     for f in sorted(last.glob('*.pt'))))
+    _relist(last)
     rc, _, err = finish(trainer(*common, '--resume'))
-    assert rc == 2 and 'model.pt is not a whole torch file' in one_error(err)
+    assert rc == 2 and 'verifies and loads' in one_error(err) and list_checkpoints(ck) == [last]
+    assert 'model.pt is not a whole torch file' in err   # the line that passed it over says why
+
+def _relist(ckpt):
+    "Write a checkpoint's checksum list again for the files it holds now (what a careless or hostile edit does)."
+    import hashlib
+    (ckpt / SUMS).write_text(''.join(f'{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n'
+                                     for f in sorted(ckpt.glob('*.pt'))))
+
+def _resumed_from(err) -> str:
+    return next(l for l in err.splitlines() if 'resumed from' in l).rsplit('/', 1)[-1]
+
+def test_a_newest_checkpoint_that_does_not_load_is_passed_over(data, tmp_path):
+    """The newest checkpoint verifies but its RNG state is `[{}]` (checksums listed again): --resume warns in one line
+    and goes on from the one before, as it does for a checksum failure. Control: the same folder undamaged resumes from
+    the newest. With every checkpoint damaged the run stops in one line and prunes none of them."""
+    import shutil, torch
+    ck, twin = tmp_path / 'ck', tmp_path / 'twin'
+    common = [*TINY, *data, '--total-tokens', 8 * STEP, *EVERY, '--max-steps', 4]
+    assert finish(trainer(*common, '--ckpt-dir', ck))[0] == 0
+    shutil.copytree(ck, twin)
+    older, newest = list_checkpoints(ck)[-2:]
+    rc, _, err = finish(trainer(*common, '--ckpt-dir', twin, '--resume', '--max-steps', 5))
+    assert rc == 0 and _resumed_from(err) == newest.name, err[-1500:]                    # control
+    torch.save([{}], newest / 'rng.pt')
+    _relist(newest)
+    rc, _, err = finish(trainer(*common, '--ckpt-dir', ck, '--resume', '--max-steps', 5))
+    skipped = [l for l in err.splitlines() if 'skipping checkpoint' in l]
+    assert rc == 0 and _resumed_from(err) == older.name, err[-1500:]
+    assert len(skipped) == 1 and newest.name in skipped[0] and 'rng is not a list of generator states' in skipped[0]
+    for p in list_checkpoints(ck):
+        torch.save({'step': 'three'}, p / 'train.pt')
+        _relist(p)
+    kept = list_checkpoints(ck)
+    rc, _, err = finish(trainer(*common, '--ckpt-dir', ck, '--resume', '--max-steps', 9))
+    assert rc == 2 and 'verifies and loads' in one_error(err) and list_checkpoints(ck) == kept
 
 @pytest.mark.parametrize('lines, why', [('{"prompt": "1+1="}\n', 'not a line'), ('[1, 2]\n', 'not a line'),
                                          ('{"prompt": "1+1=", "answer": 2}\nnot json\n', ':2: not a line')])

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['SUMS', 'TMP', 'CKPT_OVERHEAD', 'ckpt_name', 'checkpoint_tokens', 'list_checkpoints', 'fsync_dir', 'write_synced',
            'replace_file', 'save_file', 'sha256_file', 'write_sums', 'read_sums', 'verify_checkpoint', 'known_good',
-           'clean_leftovers', 'complete_checkpoints', 'room_keep', 'make_room', 'prune_checkpoints', 'os_error_in',
+           'clean_leftovers', 'complete_checkpoints', 'room_keep', 'make_room', 'prune_checkpoints', 'raised_in',
            'fs_cause', 'save_checkpoint', 'room_needed', 'check_room', 'optimizer_state_bytes', 'checkpoint_bytes',
            'check_checkpoint_room', 'verified_checkpoints', 'latest_checkpoint', 'load_component', 'load_checkpoint',
            'rng_state', 'set_rng_state']
@@ -193,10 +193,11 @@ def prune_checkpoints(ckpt_dir, keep, protect=None) -> list[Path]:
 # %% ../nbs/71_ckpt.ipynb #ebdae5e0
 _NAME_RE = re.compile(r'[A-Za-z0-9_][A-Za-z0-9_.-]*')
 
-def os_error_in(e) -> OSError | None:
-    """The `OSError` behind exception `e`: `e` itself, or one it was raised from or while handling (`torch.save`'s zip
-    writer reports a full disk as a `RuntimeError` raised during the `OSError`); None if there is none."""
-    while e is not None and not isinstance(e, OSError): e = e.__cause__ or e.__context__
+def raised_in(e, kind=OSError) -> BaseException | None:
+    """The exception of `kind` behind exception `e`: `e` itself, or one it was raised from or while handling; None if
+    there is none. `torch.save`'s zip writer reports what stopped a write (a full disk, Ctrl-C) as a `RuntimeError`
+    raised while handling it."""
+    while e is not None and not isinstance(e, kind): e = e.__cause__ or e.__context__
     return e
 
 def fs_cause(e: OSError) -> str:
@@ -226,7 +227,8 @@ def save_checkpoint(ckpt_dir, tokens, state: dict, keep=2) -> Path:
     final = ckpt_dir / name
     try: _write(ckpt_dir, final, state, keep)
     except Exception as e:
-        if (err := os_error_in(e)) is None: raise
+        if ctrl_c := raised_in(e, KeyboardInterrupt): raise ctrl_c from None   # an interrupt, not a failure
+        if (err := raised_in(e, OSError)) is None: raise
         raise UsageError(f'cannot write checkpoint {final}{_where(err, final)}: {fs_cause(err)}; '
                          f'{_kept(ckpt_dir)}') from None
     _mark_good(final)   # hashed on its way to the disk: known good

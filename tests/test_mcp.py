@@ -228,3 +228,21 @@ def test_a_schema_inside_the_schema_cannot_switch_the_check_back_to_re():
     assert tool.call({'s': BACKTRACKS}).startswith('error: invalid arguments for echo: the schema pattern')
     assert time.monotonic() - t0 < tool.timeout
     assert _still_checking_after(tool.timeout, KEPT_SCHEMA_CHECK, json.dumps(DRAFT7), BACKTRACKS)
+
+UNIQUE = {'type': 'object', 'properties': {'xs': {'type': 'array', 'uniqueItems': True}}}
+PAIRWISE_CHECK = ('import jsonschema, sys\n'
+                  'xs = [{"k": i} for i in range(int(sys.argv[1]))]\n'
+                  'print("ready", flush=True)\n'
+                  'print(list(jsonschema.Draft202012Validator(' + repr(UNIQUE) + ').iter_errors({"xs": xs})))')
+
+def test_unique_items_of_many_objects_is_checked_within_the_timeout():
+    """`uniqueItems` on 8,000 objects the model wrote: the check answers within the tool's timeout, and still finds a
+    duplicate (1 and 1.0 are one value, 1 and true are two). The control: jsonschema's pairwise check is still
+    running."""
+    tool = Tool.from_spec(dict(name='u', parameters=UNIQUE, call=lambda args: 'ran', timeout=3))
+    t0 = time.monotonic()
+    assert tool.call({'xs': [{'k': i} for i in range(8000)]}) == 'ran'
+    assert time.monotonic() - t0 < tool.timeout
+    assert tool.call({'xs': [{'k': [1]}, {'k': [1.0]}]}).endswith('has non-unique elements')
+    assert tool.call({'xs': [1, True, None, 0, False]}) == 'ran'
+    assert _still_checking_after(tool.timeout, PAIRWISE_CHECK, '8000')

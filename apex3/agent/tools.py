@@ -199,11 +199,27 @@ def _additional_properties(validator, extra_schema, instance, schema):
         yield jsonschema.ValidationError(f"{names} {'does' if len(extras) == 1 else 'do'} not match any of the "
                                          f'regexes: {regexes}')
 
+def _short(text, n=80): return repr(text) if len(text) <= n else repr(text[:n]) + '...'
+
+def _same_key(x):
+    "A hashable key that two JSON values share when JSON Schema calls them equal (1 and 1.0 are, 1 and true are not)."
+    if isinstance(x, bool) or x is None: return ('b', x)
+    if isinstance(x, (int, float)): return ('n', x)
+    if isinstance(x, list): return ('l', tuple(map(_same_key, x)))
+    if isinstance(x, dict): return ('d', frozenset((k, _same_key(v)) for k, v in x.items()))
+    return ('s', x)
+
+def _unique_items(validator, unique, instance, schema):
+    "jsonschema's `uniqueItems` in one pass over hashed keys: its own compares every pair of objects, n**2 / 2."
+    if unique and validator.is_type(instance, 'array') and len(set(map(_same_key, instance))) < len(instance):
+        text = repr(instance)
+        yield jsonschema.ValidationError(f"{text[:80] + '...' if len(text) > 80 else text} has non-unique elements")
+
 def _unchecked(validator, value, instance, schema): return iter(())
 
 _DRAFT = jsonschema.Draft202012Validator
 _BOUNDED = dict(pattern=_pattern, patternProperties=_pattern_properties,
-                additionalProperties=_additional_properties)
+                additionalProperties=_additional_properties, uniqueItems=_unique_items)
 
 def _mentions(s, key):
     "Whether `key` is a key anywhere in the JSON value `s`."
@@ -252,8 +268,6 @@ def _text(x):
     return x if isinstance(x, str) else json.dumps(x, ensure_ascii=False, default=str)
 
 # %% ../../nbs/61_tools.ipynb #8ed5ee9c
-def _short(text, n=80): return repr(text) if len(text) <= n else repr(text[:n]) + '...'
-
 @dataclass
 class Tool:
     "A tool the model can call: `call(args: dict) -> str` after validation, with a timeout in seconds."

@@ -1,5 +1,5 @@
 "The MCP client against real servers in subprocesses: the SDK's MCPServer over stdio and HTTP, and mcp-server-time."
-import contextlib, datetime as dt, io, json, shutil, socket, subprocess, sys, time
+import contextlib, datetime as dt, io, json, os, shlex, shutil, socket, subprocess, sys, time
 from pathlib import Path
 from zoneinfo import ZoneInfo
 import pytest
@@ -161,3 +161,88 @@ def test_a_schema_the_validator_cannot_apply_is_a_refusal_not_a_crash():
                                         'parameters': {'type': 'object', 'properties': {'s': prop}}})
     assert tool({'$ref': 'http://127.0.0.1:1/x.json'}).call({'s': 'x'}).startswith('error: the schema of r cannot be')
     assert tool({'type': 'string'}).call({'s': 'x'}) == 'ran'   # the control: a schema it can apply
+
+PATTERN_SERVER = '''
+# a bare JSON-RPC stdio server with one tool, echo, whose schema gives `s` the pattern argv[1]
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if 'id' not in m: continue
+    if m['method'] == 'initialize':
+        r = {'protocolVersion': m['params']['protocolVersion'], 'capabilities': {'tools': {}},
+             'serverInfo': {'name': 'raw', 'version': '1'}}
+    elif m['method'] == 'tools/list':
+        s = {'type': 'string', 'pattern': sys.argv[1]}
+        r = {'tools': [{'name': 'echo', 'inputSchema': {'type': 'object', 'properties': {'s': s}}}]}
+    else: r = {'content': [{'type': 'text', 'text': 'echoed'}]}
+    print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'result': r}), flush=True)
+'''
+BACKTRACKS = 'a' * 40 + '!'   # 2**40 ways for (a+)+ or (a|a)* to fail on the '!'
+UNBOUNDED_CHECK = ('import jsonschema, sys\n'
+                   'print("ready", flush=True)\n'
+                   'schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": sys.argv[1]}}}\n'
+                   'print(list(jsonschema.Draft202012Validator(schema).iter_errors({"s": sys.argv[2]})))')
+
+def _still_checking_after(seconds, code, *argv):
+    """Whether `python -c code *argv` is still running `seconds` after it printed "ready" (its imports done): a check
+    that cannot be bounded in this process (`re` holds the GIL) runs in one that can be killed."""
+    env = {**os.environ, 'PYTHONPATH': str(Path(__file__).parents[1])}
+    with subprocess.Popen([sys.executable, '-c', code, *argv], stdout=subprocess.PIPE, text=True, env=env) as p:
+        assert p.stdout.readline() == 'ready\n'
+        try: p.wait(seconds)
+        except subprocess.TimeoutExpired: return True
+        finally: p.kill()
+    return False
+
+@pytest.mark.parametrize('pattern', ['^(a+)+$', '^(a|a)*$'])
+def test_a_backtracking_schema_pattern_is_a_bounded_refusal(tmp_path, pattern):
+    """A server's schema pattern that backtracks exponentially: `apex3 agent call` answers within its --timeout (plus
+    the grace) with status 2 and one line, and the loop's `Tool.call` within the tool's timeout. The control: the same
+    check by jsonschema alone (`re`) has not finished when that timeout is up."""
+    (tmp_path / 'server.py').write_text(PATTERN_SERVER)
+    cmd, timeout = f'{sys.executable} {tmp_path / "server.py"} {shlex.quote(pattern)}', 3
+    t0 = time.monotonic()
+    rc, out, err = _cli(call_main, '--mcp', cmd, '--timeout', str(timeout), 'echo', json.dumps({'s': BACKTRACKS}))
+    assert time.monotonic() - t0 < timeout + GRACE_S
+    assert _one_line(rc, err, 2).startswith('apex3 agent: error: invalid arguments for echo: '), err
+    spec = {s['name']: s for s in list_tools(cmd)}['echo']
+    tool = Tool.from_spec(dict(spec, call=lambda args: 'ran', timeout=timeout))
+    t0 = time.monotonic()
+    assert tool.call({'s': BACKTRACKS}).startswith('error: invalid arguments for echo: ')
+    assert time.monotonic() - t0 < timeout
+    assert tool.call({'s': 'aaa'}) == 'ran'   # a string the pattern takes still passes
+    assert _still_checking_after(timeout, UNBOUNDED_CHECK, pattern, BACKTRACKS)   # the control: jsonschema alone
+
+DRAFT7 = {'type': 'object', 'properties': {'s': {'$schema': 'http://json-schema.org/draft-07/schema#',
+                                                 'type': 'string', 'pattern': '^(a|a)*$'}}}
+KEPT_SCHEMA_CHECK = ('import json, sys\nfrom apex3.agent.tools import _validator_class\n'
+                     'print("ready", flush=True)\n'
+                     'schema = json.loads(sys.argv[1])\n'
+                     'print(list(_validator_class("t", schema)(schema).iter_errors({"s": sys.argv[2]})))')
+
+def test_a_schema_inside_the_schema_cannot_switch_the_check_back_to_re():
+    """A `$schema` of draft 7 on one property: the check stays bounded. The control: the same validator class, given
+    the schema with its `$schema` kept, switches to jsonschema's draft 7 (`re`) and has not finished in that time."""
+    tool = Tool.from_spec(dict(name='echo', parameters=DRAFT7, call=lambda args: 'ran', timeout=3))
+    t0 = time.monotonic()
+    assert tool.call({'s': BACKTRACKS}).startswith('error: invalid arguments for echo: the schema pattern')
+    assert time.monotonic() - t0 < tool.timeout
+    assert _still_checking_after(tool.timeout, KEPT_SCHEMA_CHECK, json.dumps(DRAFT7), BACKTRACKS)
+
+UNIQUE = {'type': 'object', 'properties': {'xs': {'type': 'array', 'uniqueItems': True}}}
+PAIRWISE_CHECK = ('import jsonschema, sys\n'
+                  'xs = [{"k": i} for i in range(int(sys.argv[1]))]\n'
+                  'print("ready", flush=True)\n'
+                  'print(list(jsonschema.Draft202012Validator(' + repr(UNIQUE) + ').iter_errors({"xs": xs})))')
+
+def test_unique_items_of_many_objects_is_checked_within_the_timeout():
+    """`uniqueItems` on 8,000 objects the model wrote: the check answers within the tool's timeout, and still finds a
+    duplicate (1 and 1.0 are one value, 1 and true are two). The control: jsonschema's pairwise check is still
+    running."""
+    tool = Tool.from_spec(dict(name='u', parameters=UNIQUE, call=lambda args: 'ran', timeout=3))
+    t0 = time.monotonic()
+    assert tool.call({'xs': [{'k': i} for i in range(8000)]}) == 'ran'
+    assert time.monotonic() - t0 < tool.timeout
+    assert tool.call({'xs': [{'k': [1]}, {'k': [1.0]}]}).endswith('has non-unique elements')
+    assert tool.call({'xs': [1, True, None, 0, False]}) == 'ran'
+    assert _still_checking_after(tool.timeout, PAIRWISE_CHECK, '8000')

@@ -1,8 +1,9 @@
 "The agent sandbox: the escape suite per backend (printed as N/N blocked), its controls, the workspace quota, the CLI."
-import contextlib, errno, io, os, shutil, stat, subprocess, tempfile, time
+import contextlib, errno, io, os, pathlib, shutil, stat, subprocess, tempfile, time
 import pytest
 from apex3.usage import UsageError, run_command
-from apex3.agent.sandbox import BwrapSandbox, DockerSandbox, Limits, Workspace, bwrap_argv, get_sandbox, docker_client
+from apex3.agent.sandbox import (_plain, BwrapSandbox, DockerSandbox, Limits, Workspace, bwrap_argv, get_sandbox,
+                                 docker_client)
 from apex3.agent.escapes import (SUITE_LIMITS as SUITE, SUITE_ROWS, BAIT_VAR, NullSandbox, control_suite, escape_suite,
                                  escape_table, sandbox_main)
 
@@ -107,7 +108,7 @@ def test_workspace_quota_holds_across_runs_and_a_named_folder():
 
 @needs_root
 def test_copy_back_never_follows_a_link():
-    "A link the sandbox leaves in a named folder comes back as a link: the host file it names is untouched."
+    "A link the sandbox leaves in a named folder to a host file is not followed, nor copied back: the file is intact."
     with tempfile.TemporaryDirectory() as d, tempfile.NamedTemporaryFile('w', delete=False) as host:
         host.write('host data')
         host.close()
@@ -115,7 +116,7 @@ def test_copy_back_never_follows_a_link():
         os.symlink(host.name, os.path.join(ws.path, 'evil'))
         os.mkfifo(os.path.join(ws.path, 'pipe'))
         ws.close()
-        assert os.readlink(os.path.join(d, 'evil')) == host.name and not os.path.exists(os.path.join(d, 'pipe'))
+        assert not os.path.lexists(os.path.join(d, 'evil')) and not os.path.exists(os.path.join(d, 'pipe'))
         assert open(host.name).read() == 'host data'
         os.unlink(host.name)
 
@@ -234,7 +235,7 @@ def test_a_fifo_the_sandbox_never_touched_stays(tmp_path):
     ws.close()
     assert _listing(tmp_path) == {'pipe', 'new.txt'} and stat.S_ISFIFO(os.lstat(tmp_path / 'pipe').st_mode)
 
-BIG = 'head -c 300000 /dev/zero > a; head -c 900000 /dev/zero > b; ln -s /etc/hostname link; rm keep.txt'
+BIG = 'head -c 300000 /dev/zero > a; head -c 900000 /dev/zero > b; ln -s a link; rm keep.txt'
 
 @needs_bwrap
 @needs_root
@@ -270,7 +271,7 @@ def test_with_room_the_run_comes_back_links_as_links():
         assert sb.run(['sh', '-c', BIG]).ok
         sb.close()
         assert _listing(room) == {'a', 'b', 'link'} and os.path.getsize(os.path.join(room, 'b')) == 900000
-        assert os.readlink(os.path.join(room, 'link')) == '/etc/hostname' and _gone(sb.workspace)
+        assert os.readlink(os.path.join(room, 'link')) == 'a' and _gone(sb.workspace)
 
 @needs_root
 def test_a_failed_swap_is_undone(tmp_path, monkeypatch):
@@ -354,3 +355,55 @@ def test_a_tiny_timeout_times_out_the_command_not_the_backend():
     "`--timeout 0.001` is the command's limit: it times out (exit 124), where it once said bwrap does not work here."
     rc, out, err = _cli('--timeout', '0.001', '--', 'sleep', '1')
     assert rc == 124 and 'does not work here' not in err, (rc, err)
+
+# --- what a run leaves in a named folder that could lead a host tool elsewhere: links out, fifos, devices ----------
+
+LEAVE = ('echo x > x; ln x hard; stat -c %h x; ln -s /etc/shadow out; ln -s /workspace/x abs; mkdir sub; '
+         'ln -s .. sub/up; ln -s sub/up/.. esc; ln -s sub/../x ok; ln -s ok chain; ln -s up1 up2; ln -s up2 up1; '
+         'mkfifo pipe; python3 -c "import socket; socket.socket(socket.AF_UNIX).bind(\'sock\')"')
+OWN = {'python': '/usr/bin/python3', 'mine': 'x'}   # the folder's own links, one out of it (a venv's)
+
+def _leads_outside(folder, own=()):
+    "Paths under `folder` (none followed) that resolve outside it, less the folder's own links `own`."
+    top = os.path.realpath(folder)
+    return sorted(rel for rel in _listing(folder) if rel not in own
+                  and os.path.commonpath([top, os.path.realpath(os.path.join(folder, rel))]) != top)
+
+def _odd_files(folder):
+    "Paths under `folder` that are not a folder, a regular file or a link: a fifo, socket or device."
+    modes = {rel: os.lstat(os.path.join(folder, rel)).st_mode for rel in _listing(folder)}
+    return sorted(r for r, m in modes.items() if not (stat.S_ISDIR(m) or stat.S_ISREG(m) or stat.S_ISLNK(m)))
+
+@pytest.fixture
+def open_folder():
+    "A fresh folder under /tmp the sandbox's uid can reach (pytest's tmp_path is in a folder only root may enter)."
+    d = tempfile.mkdtemp()
+    yield pathlib.Path(d)
+    shutil.rmtree(d)
+
+@needs_bwrap
+@needs_root
+@pytest.mark.parametrize('without', [(), ('disk quota',)], ids=['copied back', 'written in place'])
+def test_no_path_the_run_leaves_resolves_outside_the_folder(open_folder, caplog, without):
+    """After a run that leaves links out of a named folder (`/etc/shadow`, `..` through another link, a loop), a hard
+    link, a fifo, a socket and a device: no path in the folder resolves outside it but its own link out, and none is a
+    fifo, socket or device; a copy back makes the hard link a file of its own. Links that stay inside come back as
+    links. The control: the run's workspace copied as it was (links as links, `shutil.copytree`) has all of them."""
+    folder = open_folder
+    for name, target in OWN.items(): os.symlink(target, folder / name)
+    sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(folder), without=without)
+    r = sb.run(['sh', '-c', LEAVE])
+    assert r.ok and r.stdout == '2\n', r   # inside, x and hard are one file
+    os.mknod(os.path.join(sb.workdir, 'dev'), stat.S_IFCHR | 0o600, os.makedev(1, 3))   # (no CAP_MKNOD inside)
+    control = tempfile.mkdtemp()
+    shutil.copytree(sb.workdir, control, symlinks=True, dirs_exist_ok=True, ignore=lambda d, names: [
+        n for n in names if not _plain(os.path.join(d, n))])   # copytree cannot copy a fifo, socket or device
+    sb.close()
+    try: assert _leads_outside(control, OWN) == ['abs', 'esc', 'out']   # the control fails the check
+    finally: shutil.rmtree(control)
+    assert _leads_outside(folder, OWN) == [] and _odd_files(folder) == []
+    assert {n: os.readlink(folder / n) for n in ['ok', 'chain', 'sub/up', *OWN]} == \
+        {'ok': 'sub/../x', 'chain': 'ok', 'sub/up': '..', **OWN}
+    if 'disk quota' not in without: assert os.lstat(folder / 'hard').st_nlink == 1
+    lines = [r.getMessage() for r in caplog.records if str(folder) in r.getMessage()]
+    assert len(lines) == (1 if without == () else 2) and 'link(s) the run left resolve outside it' in lines[0], lines

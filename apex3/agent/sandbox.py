@@ -207,16 +207,76 @@ def tree_mb(folder, blocks=True):
                 total += st.st_blocks * 512 if blocks else st.st_size * stat.S_ISREG(st.st_mode)
     return total / (1 << 20)
 
-def _copy_tree(src, dst, owner=None):
-    """Copy folders, regular files and symlinks (as links, never followed) from `src` into the folder `dst`, chowned
-    to `owner`; stop at the first error, an `OSError` naming its file (`shutil.copytree` tries every other file
-    first and reports them all as text)."""
+def _entries(folder):
+    "(path relative to `folder`, DirEntry) of everything under it, links never followed; a loop, as in `tree_mb`."
+    todo = ['']
+    while todo:
+        rel = todo.pop()
+        try: entries = list(os.scandir(os.path.join(folder, rel)))
+        except OSError: continue
+        for e in entries:
+            yield os.path.join(rel, e.name), e
+            if e.is_dir(follow_symlinks=False): todo.append(os.path.join(rel, e.name))
+
+def _odd(e):
+    "A fifo, socket or device: nothing a copy carries, and a host tool that opens a fifo waits for ever."
+    return not (e.is_symlink() or e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False))
+
+def _walk_link(tree, rel, top, own, hops=40):
+    """Resolve the link `rel` of the tree `tree` as it will be once at `top` (the named folder), following the links
+    of the tree (at most `hops`): (inside `top`, every link followed is one of `own`, the folder's links before the
+    run, unchanged). `..` above the top, or an absolute target not under `top`, is outside; a missing part is taken
+    as a folder (only the host could make it later)."""
+    here, todo, unchanged = rel.split(os.sep)[:-1], [], True
+    def follow(link):
+        nonlocal here, unchanged
+        target = os.readlink(os.path.join(tree, link))
+        unchanged = unchanged and own.get(link) == target
+        if os.path.isabs(target):
+            if target != top and not target.startswith(top + os.sep): return False
+            here, target = [], target[len(top):]
+        todo.extend(reversed(target.split(os.sep)))
+        return True
+    if not follow(rel): return False, unchanged
+    while todo:
+        part = todo.pop()
+        if part in ('', '.'): continue
+        if part == '..':
+            if not here: return False, unchanged
+            here.pop()
+        elif os.path.islink(os.path.join(tree, *here, part)):
+            hops -= 1
+            if hops < 0 or not follow(os.path.join(*here, part)): return False, unchanged
+        else: here.append(part)
+    return True, unchanged
+
+class _LinkRule:
+    """Which links of a run's tree may be in the named folder `top` after it: one that resolves inside it, or one of the
+    folder's own links (`own`) that the run left as it was, with every link it goes through (a venv's
+    `bin/python`). Any other could lead a host tool out of the folder (`ln -s /etc/shadow out`)."""
+    def __init__(self, tree, top, own): self.tree, self.top, self.own, self.dropped = tree, top, own, []
+    def allows(self, rel):
+        inside, unchanged = _walk_link(self.tree, rel, self.top, self.own)
+        if inside or unchanged: return True
+        self.dropped.append(f'{rel} -> {os.readlink(os.path.join(self.tree, rel))}')
+        return False
+    def warn(self, what):
+        if self.dropped:
+            _log.warning('sandbox workdir %s: %d link(s) the run left resolve outside it or loop, and %s '
+                         '(the first: %s)', self.top, len(self.dropped), what, self.dropped[0])
+
+def _copy_tree(src, dst, owner=None, keep_link=lambda rel: True):
+    """Copy folders, regular files and symlinks (as links, never followed; only those `keep_link(path under src)`
+    takes) from `src` into the folder `dst`, chowned to `owner`; stop at the first error, an `OSError` naming its file
+    (`shutil.copytree` tries every other file first and reports them all as text). A hard link becomes a file."""
     todo, folders = [(src, dst)], []
     while todo:   # a loop, not recursion: a tree as deep as the sandbox likes cannot overflow the stack
         s, d = todo.pop()
         for e in os.scandir(s):
             target = os.path.join(d, e.name)
-            if e.is_symlink(): os.symlink(os.readlink(e.path), target)
+            if e.is_symlink():
+                if not keep_link(os.path.relpath(e.path, src)): continue
+                os.symlink(os.readlink(e.path), target)
             elif e.is_dir(follow_symlinks=False):
                 os.mkdir(target, 0o700)
                 todo.append((e.path, target))
@@ -278,16 +338,19 @@ def _swap_in(stage, old, dst):
         for moved, back in reversed(done): os.rename(moved, back)
         raise
 
-def _copy_back(src, dst):
+def _copy_back(src, dst, own=None):
     """Put the tree `src` in place of what the folder `dst` holds, all or nothing: a failure is a `UsageError` of one
-    line that names the path and the cause, with `dst` as it was."""
+    line that names the path and the cause, with `dst` as it was. Links that lead out of `dst` stay behind (`_LinkRule`,
+    `own`: the links `dst` held before), said in one warning line."""
     stage = old = None
+    rule = _LinkRule(src, dst, own or {})
     try:
         stage = tempfile.mkdtemp(prefix=STAGING, dir=dst)
         old = tempfile.mkdtemp(prefix=STAGING, dir=dst)
-        _copy_tree(src, stage)       # the only step that writes data: a full disk stops it here, before dst changes
+        _copy_tree(src, stage, keep_link=rule.allows)   # the only step that writes data: a full disk stops it here
         _swap_in(stage, old, dst)
         remove_tree(old)   # what the run replaced
+        rule.warn('were not copied back')
     except OSError as e:
         raise UsageError(f'sandbox workdir {dst} is left as it was before the run: copying the workspace back '
                          f'failed: {os_error_line(_where_it_goes(e, stage, dst))}') from None
@@ -323,6 +386,7 @@ class Workspace:
             raise UsageError(f'sandbox workdir {workdir} is not a folder')
         self.origin, self.disk_mb, self.closed = workdir and os.path.abspath(workdir), disk_mb, False
         self.copied_in = False  # only then does close() copy back: a refused folder is left as it was
+        self.own = self._own_entries() if workdir is not None else ({}, set())   # what the run may leave as it is
         self.quota = quota and self._can_mount()
         self.path = self.origin if self.origin and not self.quota else tempfile.mkdtemp(prefix='apex3-ws-')
         if self.quota and (why := _mount_tmpfs(self.path, disk_mb)):
@@ -334,6 +398,14 @@ class Workspace:
         except BaseException:
             self.close()
             raise
+
+    def _own_entries(self):
+        "The named folder's own links {path: target} and fifos, sockets and devices {path}: those may stay."
+        links, odd = {}, set()
+        for rel, e in _entries(self.origin):
+            if e.is_symlink(): links[rel] = os.readlink(e.path)
+            elif _odd(e): odd.add(rel)
+        return links, odd
 
     def _can_mount(self):
         if os.geteuid() == 0 and shutil.which('mount'): return True
@@ -359,10 +431,23 @@ class Workspace:
         if self.closed: return
         self.closed = True
         try:
-            if self.quota and self.copied_in: _copy_back(self.path, self.origin)
+            if self.quota and self.copied_in: _copy_back(self.path, self.origin, self.own[0])
+            elif self.origin and not self.quota: _tidy_in_place(self.origin, *self.own)
         finally:
             if self.quota: _unmount(self.path)
             if self.path != self.origin: remove_tree(self.path)
+
+def _tidy_in_place(folder, own_links, own_odd):
+    """What the copy back leaves behind, removed from a named folder the sandbox wrote in directly (no quota): links
+    that lead out of it (`_LinkRule`) and fifos, sockets and devices it did not hold before; one warning line each."""
+    rule, odd = _LinkRule(folder, folder, own_links), []
+    for rel, e in list(_entries(folder)):   # listed first: what is removed is not walked
+        if (e.is_symlink() and not rule.allows(rel)) or (_odd(e) and rel not in own_odd):
+            if _odd(e): odd.append(rel)
+            with contextlib.suppress(OSError): os.unlink(e.path)
+    rule.warn('were removed')
+    if odd: _log.warning('sandbox workdir %s: %d fifo(s), socket(s) or device(s) the run left were removed (the '
+                         'first: %s)', folder, len(odd), odd[0])
 
 def _open_workspace(owner, workdir, limits, without):
     "(workspace, folder, close) for sandbox `owner`; `close` also runs when `owner` is garbage-collected."

@@ -653,6 +653,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'apex3.data.loader.cu_seqlens': ('loader.html#cu_seqlens', 'apex3/data/loader.py'),
                                    'apex3.data.loader.data_sources': ('loader.html#data_sources', 'apex3/data/loader.py'),
                                    'apex3.data.loader.first_bad_id': ('loader.html#first_bad_id', 'apex3/data/loader.py'),
+                                   'apex3.data.loader.no_tokens_line': ('loader.html#no_tokens_line', 'apex3/data/loader.py'),
                                    'apex3.data.loader.open_shard': ('loader.html#open_shard', 'apex3/data/loader.py'),
                                    'apex3.data.loader.parse_data_spec': ('loader.html#parse_data_spec', 'apex3/data/loader.py')},
             'apex3.data.long': { 'apex3.data.long.Long': ('long.html#long', 'apex3/data/long.py'),

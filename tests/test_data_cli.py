@@ -184,3 +184,16 @@ def test_a_config_run_with_changed_params_is_refused_then_restarted(tmp_path):
     assert rc == 0, err
     new, clean = output_files(tmp_path/'out'), output_files(tmp_path/'clean')
     assert new == clean and new != old
+
+def test_empty_token_shards_are_named_as_empty(tmp_path):
+    """Token shards that match but hold no tokens (every document filtered out) are one line saying so and naming
+    one, exit 2; the control: a pattern matching no shard says no shard matches, naming none."""
+    from apex3.data.tokenize import write_token_shard
+    (tmp_path/'t').mkdir()
+    for k in range(2): write_token_shard(tmp_path/'t'/f'shard-{k:05d}', [], 257)
+    (tmp_path/'t'/'meta.json').write_text(json.dumps(dict(dtype='uint16', vocab_size=257, eos_id=256)))
+    rc, err = apex3('train', '--data', f'b=1:{tmp_path}/t/shard-*.bin', '--total-tokens', '1000', '--device', 'cpu')
+    assert rc == 2 and 'matches 2 token shards, but all are empty' in one_line(err), err
+    assert str(tmp_path/'t'/'shard-00000.bin') in err
+    rc, err = apex3('train', '--data', f'b=1:{tmp_path}/none/shard-*.bin', '--total-tokens', '1000', '--device', 'cpu')
+    assert rc == 2 and 'no token shards' in one_line(err) and 'are empty' not in err and 'shard-00000' not in err, err

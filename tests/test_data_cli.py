@@ -197,3 +197,23 @@ def test_empty_token_shards_are_named_as_empty(tmp_path):
     assert str(tmp_path/'t'/'shard-00000.bin') in err
     rc, err = apex3('train', '--data', f'b=1:{tmp_path}/none/shard-*.bin', '--total-tokens', '1000', '--device', 'cpu')
     assert rc == 2 and 'no token shards' in one_line(err) and 'are empty' not in err and 'shard-00000' not in err, err
+
+def test_a_step_log_on_a_data_shard_is_refused(tmp_path):
+    """`apex3 train --step-log X` where X is one of its --data shards: exit 2, one line, the shard's bytes unchanged
+    (and --ckpt-dir on a shard too). The control: the step log, given that path, does change a shard's bytes."""
+    from types import SimpleNamespace
+    from apex3.train_io import byte_shards, StepLog
+    sh = byte_shards(tmp_path/'sh', 20_000, n_shards=2)
+    shard = sh/'shard-00000.bin'
+    data = shard.read_bytes()
+    for flag in ('--step-log', '--ckpt-dir'):
+        rc, err = apex3('train', '--data', f'b=1:{sh}/shard-*.bin', flag, shard, '--total-tokens', '1000',
+                        '--device', 'cpu')
+        assert rc == 2 and f'{flag} {shard} is a file of the data' in one_line(err), err
+        assert shard.read_bytes() == data
+    copy = tmp_path/'copy.bin'
+    copy.write_bytes(data)
+    log = StepLog(copy, SimpleNamespace(main=True), progress='off')
+    log.write({'step': 1, 'loss': 2.0})
+    log.close()
+    assert copy.read_bytes() != data   # the control: what the refusal prevents

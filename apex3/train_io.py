@@ -127,6 +127,15 @@ def check_outputs(s, d):
     """Everything rank 0 writes is writable, before anything is built: checkpoints, the step log, TensorBoard; and a
     new run does not write into another run's checkpoints (pruning keeps the newest, whichever run wrote them)."""
     if not d.main: return
+    import glob
+    # appending JSON lines to a token shard (or checkpointing over one) would corrupt the data this run reads
+    data = {Path(f).resolve(): spec for spec in s.data.data + s.data.val_data
+            for b in glob.glob(spec.split('=', 1)[-1].split(':', 1)[-1])
+            for f in (b, b[:-len('.bin')] + '.idx' if b.endswith('.bin') else b, Path(b).parent / 'meta.json')}
+    for flag, path in (('--step-log', s.log.step_log or default_log(s)), ('--ckpt-dir', s.ckpt.ckpt_dir)):
+        if path and Path(path).resolve() in data:
+            raise UsageError(f'{flag} {path} is a file of the data {data[Path(path).resolve()]!r} this run reads: '
+                             f'writing it would corrupt the data; give {flag} another path')
     if s.ckpt.ckpt_dir: _writable(s.ckpt.ckpt_dir, '--ckpt-dir')
     # `tokens-N` zero-padded (chapter `71_ckpt`): the last name is the newest
     if s.ckpt.ckpt_dir and not s.ckpt.resume and (old := sorted(Path(s.ckpt.ckpt_dir).glob('tokens-*'))):

@@ -74,3 +74,146 @@ def test_data_main_os_errors(monkeypatch, tmp_path):
     with pytest.raises(ConnectionRefusedError): data_main(['run', 'x.toml'])  # not the file system
     monkeypatch.setattr(pl, '_data_main', fails_with(OSError(errno.EACCES, 'Permission denied', str(tmp_path/'o'))))
     with pytest.raises(UsageError, match='Permission denied'): data_main(['run', 'x.toml'])  # control: a file's error
+
+# ---- resuming only what was done the same way; empty token shards; a step log over a data shard ----
+import os, random, subprocess, sys
+from pathlib import Path
+from apex3.data.pipeline import output_files
+
+ROOT = Path(__file__).parents[1]
+
+def apex3(*args, seed='0'):
+    "`apex3 ARGS` in a fresh process (its own string-hash seed): (exit status, stderr)."
+    env = {**os.environ, 'PYTHONPATH': f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", 'PYTHONHASHSEED': seed}
+    p = subprocess.run([sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())',
+                        *map(str, args)], env=env, capture_output=True, text=True)
+    return p.returncode, p.stderr
+
+def prose_shards(folder, seed=0):
+    "Three shards of documents of 1 to 8 sentences: `c4`'s min_sentences decides which are kept."
+    rng = random.Random(seed)
+    words = ['alpha', 'beta', 'gamma', 'delta', 'omega']
+    sentence = lambda: ' '.join(rng.choice(words) for _ in range(6)) + '.'
+    for k in range(3):
+        write_docs(Path(folder)/f's{k}.jsonl.zst', [Document(f'{k}-{j}', '\n'.join(sentence() for _ in range(
+            rng.randrange(1, 9)))) for j in range(20)])
+
+def one_line(err) -> str:
+    assert err.count('\n') == 1 and 'Traceback' not in err, err[-2000:]
+    return err
+
+def test_a_changed_parameter_is_refused_then_redone_with_restart(tmp_path):
+    """Finished tasks done with other parameters are not resumed: exit 2, one line naming the parameter, OUT untouched;
+    `--restart` redoes them to what a fresh OUT gets. The control: the new parameter does change the output (a
+    silent resume would have kept the wrong shards), and the same parameters resume in a process of another hash
+    seed (the identity is stable across processes)."""
+    prose_shards(tmp_path/'in')
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out', seed='1')[0] == 0
+    before = output_files(tmp_path/'out')
+    rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out', '--set', 'min_sentences=1', seed='2')
+    assert rc == 2 and 'steps.c4.min_sentences = 5 then, 1 now' in one_line(err) and '--restart' in err, err
+    assert output_files(tmp_path/'out') == before
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'fresh', '--set', 'min_sentences=1')[0] == 0
+    assert output_files(tmp_path/'fresh') != before  # the control: the parameter matters
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out', seed='3') == (0, '')  # same parameters: resumed
+    rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out', '--set', 'min_sentences=1', '--restart')
+    assert rc == 0, err
+    assert output_files(tmp_path/'out') == output_files(tmp_path/'fresh')
+
+def test_a_changed_input_shard_is_refused(tmp_path):
+    """An input shard changed after its task finished is not taken as done: one line naming it, exit 2. The control:
+    the same shard rewritten with the same bytes (a newer time only) resumes."""
+    prose_shards(tmp_path/'in')
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out')[0] == 0
+    shard = tmp_path/'in'/'s1.jsonl.zst'
+    data = shard.read_bytes()
+    shard.unlink()
+    shard.write_bytes(data)
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out') == (0, '')   # the control: same bytes, resumed
+    write_docs(shard, [Document('new', 'one new document. with two sentences.')])
+    rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
+    assert rc == 2 and 'input in/s1.jsonl.zst has changed' in one_line(err), err
+    assert '1 finished task of stage c4 was done' in err
+
+def test_markers_of_an_earlier_version_are_refused(tmp_path):
+    "Markers without an identity (written before markers recorded one) are refused in one line; --restart redoes them."
+    prose_shards(tmp_path/'in')
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out')[0] == 0
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out') == (0, '')   # the control: this version's markers
+    for m in (tmp_path/'out'/'.done').glob('*.json'):
+        rec = json.loads(m.read_text())
+        m.write_text(json.dumps({k: v for k, v in rec.items() if k not in ('identity', 'record')}))
+    rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
+    assert rc == 2 and 'were done by an earlier version' in one_line(err), err
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out', '--restart')[0] == 0
+
+RUN_CONFIG = '''[pipeline]
+out = "{out}"
+[[source]]
+name = "s"
+kind = "jsonl"
+path = "raw/*.jsonl"
+shards = 2
+stages = ["c4", "dedup"]
+[params.c4]
+min_sentences = {n}
+[tokenize]
+enabled = false
+'''
+
+def test_a_config_run_with_changed_params_is_refused_then_restarted(tmp_path):
+    """`apex3 data run` with a step's parameter changed refuses in one line; with --restart the changed stage and the
+    stages after it are redone: the outputs equal a clean run's with the new parameter (the control: they differ
+    from the old one's)."""
+    rng = random.Random(0)
+    (tmp_path/'raw').mkdir()
+    sentence = lambda: f'{rng.choice(["alpha", "beta", "gamma", "delta"])} word{rng.randrange(99)}.'
+    (tmp_path/'raw'/'a.jsonl').write_text(''.join(
+        json.dumps({'text': ' '.join(sentence() for _ in range(rng.randrange(1, 9)))}) + '\n' for _ in range(60)))
+    def config(out, n):
+        p = tmp_path/f'{out}-{n}.toml'
+        p.write_text(RUN_CONFIG.format(out=out, n=n))
+        return p
+    assert apex3('data', 'run', config('out', 5))[0] == 0
+    assert apex3('data', 'run', config('clean', 1))[0] == 0
+    old = output_files(tmp_path/'out')
+    rc, err = apex3('data', 'run', config('out', 1))
+    assert rc == 2 and 'steps.c4.min_sentences = 5 then, 1 now' in one_line(err), err
+    assert output_files(tmp_path/'out') == old
+    rc, err = apex3('data', 'run', config('out', 1), '--restart')
+    assert rc == 0, err
+    new, clean = output_files(tmp_path/'out'), output_files(tmp_path/'clean')
+    assert new == clean and new != old
+
+def test_empty_token_shards_are_named_as_empty(tmp_path):
+    """Token shards that match but hold no tokens (every document filtered out) are one line saying so and naming
+    one, exit 2; the control: a pattern matching no shard says no shard matches, naming none."""
+    from apex3.data.tokenize import write_token_shard
+    (tmp_path/'t').mkdir()
+    for k in range(2): write_token_shard(tmp_path/'t'/f'shard-{k:05d}', [], 257)
+    (tmp_path/'t'/'meta.json').write_text(json.dumps(dict(dtype='uint16', vocab_size=257, eos_id=256)))
+    rc, err = apex3('train', '--data', f'b=1:{tmp_path}/t/shard-*.bin', '--total-tokens', '1000', '--device', 'cpu')
+    assert rc == 2 and 'matches 2 token shards, but all are empty' in one_line(err), err
+    assert str(tmp_path/'t'/'shard-00000.bin') in err
+    rc, err = apex3('train', '--data', f'b=1:{tmp_path}/none/shard-*.bin', '--total-tokens', '1000', '--device', 'cpu')
+    assert rc == 2 and 'no token shards' in one_line(err) and 'are empty' not in err and 'shard-00000' not in err, err
+
+def test_a_step_log_on_a_data_shard_is_refused(tmp_path):
+    """`apex3 train --step-log X` where X is one of its --data shards: exit 2, one line, the shard's bytes unchanged
+    (and --ckpt-dir on a shard too). The control: the step log, given that path, does change a shard's bytes."""
+    from types import SimpleNamespace
+    from apex3.train_io import byte_shards, StepLog
+    sh = byte_shards(tmp_path/'sh', 20_000, n_shards=2)
+    shard = sh/'shard-00000.bin'
+    data = shard.read_bytes()
+    for flag in ('--step-log', '--ckpt-dir'):
+        rc, err = apex3('train', '--data', f'b=1:{sh}/shard-*.bin', flag, shard, '--total-tokens', '1000',
+                        '--device', 'cpu')
+        assert rc == 2 and f'{flag} {shard} is a file of the data' in one_line(err), err
+        assert shard.read_bytes() == data
+    copy = tmp_path/'copy.bin'
+    copy.write_bytes(data)
+    log = StepLog(copy, SimpleNamespace(main=True), progress='off')
+    log.write({'step': 1, 'loss': 2.0})
+    log.close()
+    assert copy.read_bytes() != data   # the control: what the refusal prevents

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/50_data.ipynb #d00d04b9
 from __future__ import annotations
-import errno, io, json, logging, math, os, re, threading, time, glob, tempfile, sysconfig
+import errno, hashlib, io, json, logging, math, os, re, threading, time, glob, tempfile, sysconfig
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,12 +12,13 @@ from typing import Iterator, Iterable
 import orjson, zstandard
 
 # %% auto #0
-__all__ = ['ZST_MAX_RATIO', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document',
-           'without_surrogates', 'current_umask', 'atomic_write_bytes', 'write_jsonl_zst', 'DamagedFile', 'read_zst',
-           'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage',
-           'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs',
-           'MapStage', 'remove_stale_temps', 'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line',
-           'LocalExecutor', 'RayExecutor', 'stdlib_files']
+__all__ = ['ZST_MAX_RATIO', 'NOT_PARAMETERS', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP',
+           'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes', 'write_jsonl_zst', 'DamagedFile',
+           'read_zst', 'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step', 'TaskContext',
+           'Stage', 'marker_path', 'stage_identity', 'identity_of', 'task_identity', 'identity_path', 'marker_identity',
+           'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs', 'MapStage',
+           'remove_stale_temps', 'StaleTasks', 'identity_difference', 'stale_line', 'die_with_parent', 'WorkerDied',
+           'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -213,16 +214,158 @@ class Stage:
 
 def marker_path(stage, i) -> Path: return Path(stage.out)/'.done'/f'{stage.task_name(i)}.json'
 
-def is_done(stage, i) -> bool: return marker_path(stage, i).exists()
+NOT_PARAMETERS = ('out', 'name', 'ctx')  # where a stage writes, what it is called, the task a step runs in now
+_BIG = 200  # a parameter whose JSON is longer than this is kept as its digest (rule tables, benchmark hashes)
+
+def _digest(data: bytes) -> str: return 'sha256:' + hashlib.sha256(data).hexdigest()[:16]
+
+def _canonical(x, depth=0):
+    """`x` as plain JSON values, the same in every process: no `id()`, no `hash()` (a str's differs per process),
+    no default `repr` (it holds an address); arrays by their digest, objects by their class and public attributes."""
+    if depth > 8: return type(x).__qualname__
+    if x is None or isinstance(x, (bool, int, str)): return x
+    if isinstance(x, float): return x if math.isfinite(x) else repr(x)
+    if isinstance(x, (list, tuple)): return [_canonical(v, depth + 1) for v in x]
+    if isinstance(x, (set, frozenset)):
+        return sorted((_canonical(v, depth + 1) for v in x), key=lambda v: json.dumps(v, sort_keys=True))
+    if isinstance(x, dict): return {str(k): _canonical(v, depth + 1) for k, v in sorted(x.items(), key=str)}
+    if isinstance(x, re.Pattern): return {'pattern': x.pattern, 'flags': int(x.flags)}
+    if isinstance(x, os.PathLike): return os.fspath(x)
+    if hasattr(x, 'dtype') and hasattr(x, 'tobytes'):  # a numpy array or scalar
+        return _digest(f'{x.dtype}{getattr(x, "shape", ())}'.encode() + x.tobytes())
+    if isinstance(x, type) or callable(x) and hasattr(x, '__qualname__'):
+        return f'{getattr(x, "__module__", "")}.{x.__qualname__}'
+    if hasattr(x, '__dict__'):
+        attrs = {k: v for k, v in vars(x).items() if not k.startswith('_') and k not in NOT_PARAMETERS}
+        name = {'name': x.name} if isinstance(getattr(x, 'name', None), str) else {}  # a step's, a class attribute
+        return {'class': type(x).__qualname__, **name, **_canonical(attrs, depth + 1)}
+    return type(x).__qualname__
+
+def _flat(x, key, out: dict, paths: dict, top: bool):
+    "Leaves of canonical `x` into `out` by dotted key; the strings that name input files into `paths` instead."
+    if isinstance(x, dict):
+        for k, v in x.items(): _flat(v, f'{key}.{k}' if key else k, out, paths, top and not key)
+    elif isinstance(x, list) and any(isinstance(v, dict) or isinstance(v, str) and _names_files(v, top) for v in x):
+        names = [v.get('name', v.get('class')) if isinstance(v, dict) else None for v in x]
+        for k, (v, name) in enumerate(zip(x, names)):  # a step by its name: `steps.c4.min_sentences`
+            _flat(v, f'{key}.{name}' if name and names.count(name) == 1 else f'{key}[{k}]', out, paths, top)
+    elif isinstance(x, str) and _names_files(x, top): paths[key] = x
+    else:
+        s = json.dumps(x, sort_keys=True)
+        out[key] = x if len(s) <= _BIG else _digest(s.encode())
+
+def _names_files(s: str, top: bool) -> bool:
+    "Whether string `s` of a stage names its input files: an absolute path or glob, or a path the stage was given."
+    return os.path.isabs(s) or (top and s != '' and os.path.exists(s))
+
+_MAGIC = re.compile('[*?[]')
+
+def _files_of(path: str, out: str) -> list:
+    "The files `path` names (a file, a glob, a folder walked), hidden ones (markers, temporaries) and `out`'s skipped."
+    skip = os.path.abspath(out)
+    if _MAGIC.search(path): files = [f for f in glob.glob(path, recursive=True) if os.path.isfile(f)]
+    elif os.path.isfile(path): files = [path]
+    else:
+        files = []
+        for d, dirs, fs in os.walk(path):
+            dirs[:] = sorted(x for x in dirs if not x.startswith('.') and os.path.abspath(os.path.join(d, x)) != skip)
+            files += [os.path.join(d, f) for f in sorted(fs) if not f.startswith('.')]
+    return files
+
+def _file_digest(path) -> str:
+    "SHA-256 of a file's bytes, read in blocks."
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        while block := f.read(1 << 20): h.update(block)
+    return h.hexdigest()[:16]
+
+def _known_digests(stage) -> dict:
+    "{input: (size, mtime_ns, digest)} from the identities recorded beside the markers: an unchanged file is not read."
+    known = {}
+    for p in sorted((Path(stage.out)/'.done'/'identity').glob('*.json')):
+        try:
+            ident = json.loads(p.read_text())
+            for group in (ident['inputs'], *ident['tasks'].values()):
+                known.update({k: tuple(v) for k, v in group.items()})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError): continue  # damaged: its files are hashed
+    return known
+
+def _task_shards(stage):
+    "The input file of each task, when task `i` reads `stage.shards[i]` alone (a map over shards); else None."
+    shards = getattr(stage, 'shards', None)
+    ok = isinstance(shards, list) and len(shards) == stage.n_tasks() and all(isinstance(f, str) for f in shards)
+    return shards if ok else None
+
+def stage_identity(stage) -> dict:
+    """What a stage's finished tasks depend on: its name, its parameters (its public attributes and those of its
+    steps, flattened to dotted keys), its input files as [size, mtime_ns, SHA-256 of the bytes] named relative to the
+    folder above `out` (a project moved whole keeps its identity), and, for a map over shards, each task's own shard.
+    Only size and content count: an input rewritten with the same bytes (its stage redone) leaves the stages after it
+    finished; the time only spares reading an unchanged file again."""
+    attrs = {k: v for k, v in vars(stage).items() if not k.startswith('_') and k not in NOT_PARAMETERS}
+    shards = _task_shards(stage)
+    if shards is not None:  # each task's shard is its own input; the folder holding them is no input of every task
+        attrs.pop('shards', None)
+        folders = {os.path.dirname(os.path.abspath(f)) for f in shards}
+        attrs = {k: v for k, v in attrs.items() if not (isinstance(v, str) and os.path.abspath(v) in folders)}
+    params, paths = {}, {}
+    _flat(_canonical(attrs), '', params, paths, True)
+    base, known = os.path.dirname(os.path.abspath(stage.out)), _known_digests(stage)
+    def entry(f):
+        st, rel = os.stat(f), os.path.relpath(os.path.abspath(f), base)
+        k = known.get(rel)
+        same = k is not None and k[:2] == (st.st_size, st.st_mtime_ns)
+        return rel, [st.st_size, st.st_mtime_ns, k[2] if same else _file_digest(f)]
+    inputs = dict(sorted(entry(f) for p in paths.values() for f in _files_of(p, stage.out)))
+    tasks = {} if shards is None else {stage.task_name(i): dict([entry(f)]) for i, f in enumerate(shards)}
+    missing = sorted(os.path.relpath(os.path.abspath(p), base) for p in paths.values() if not os.path.exists(p)
+                     and not _MAGIC.search(p))
+    return dict(stage=stage.name, params=params, inputs=inputs, missing=missing, tasks=tasks)
+
+def _content(files: dict) -> dict: return {f: [v[0], v[2]] for f, v in files.items()}  # size and digest, not time
+
+def identity_of(stage) -> dict:
+    """`stage`'s identity ('ident'), the digest it is recorded under ('record') and each task's digest ('tasks'),
+    worked out once per stage object (before its tasks run, so a step's state is not in it). A task's digest covers
+    the stage's parameters and inputs and its own shard, by size and content."""
+    if '_identity' not in vars(stage):
+        ident = stage_identity(stage)
+        common = {**ident, 'inputs': _content(ident['inputs']), 'tasks': None}
+        hashed = lambda x: _digest(json.dumps(x, sort_keys=True).encode()).removeprefix('sha256:')
+        tasks = {stage.task_name(i): hashed([common, _content(ident['tasks'].get(stage.task_name(i), {}))])
+                 for i in range(stage.n_tasks())}
+        stage._identity = dict(ident=ident, record=hashed([common, sorted(tasks.items())]), tasks=tasks)
+    return stage._identity
+
+def task_identity(stage, i) -> str: return identity_of(stage)['tasks'][stage.task_name(i)]
+
+def identity_path(stage, digest) -> Path: return Path(stage.out)/'.done'/'identity'/f'{digest}.json'
+
+def marker_identity(m: Path):
+    "(task digest, identity record digest) a marker records; (None, None) for a marker written before they were."
+    rec = json.loads(m.read_text())
+    return rec.get('identity'), rec.get('record')
+
+def is_done(stage, i) -> bool:
+    "Whether task `i` has a marker written with the stage's current parameters and inputs."
+    m = marker_path(stage, i)
+    return m.exists() and marker_identity(m)[0] == task_identity(stage, i)
 
 def run_task(stage, i) -> dict:
-    "Run task `i` of `stage` unless its completion marker exists; write the marker last. Returns the marker's content."
-    m = marker_path(stage, i)
-    if m.exists(): return json.loads(m.read_text())
+    """Run task `i` of `stage` unless it finished with the stage's current parameters and inputs; write the marker
+    last, with the task's identity digest (the identity itself is written beside the markers, once). Returns the
+    marker's content."""
+    m, ident = marker_path(stage, i), identity_of(stage)
+    if m.exists():
+        rec = json.loads(m.read_text())
+        if rec.get('identity') == task_identity(stage, i): return rec
     t0, cpu0 = time.perf_counter(), time.process_time()
     counts = dict(stage.run(i))
     rec = dict(stage=stage.name, task=stage.task_name(i), seconds=time.perf_counter()-t0,
-               cpu_seconds=time.process_time()-cpu0, counts=counts)
+               cpu_seconds=time.process_time()-cpu0, counts=counts, identity=task_identity(stage, i),
+               record=ident['record'])
+    if not identity_path(stage, ident['record']).exists():
+        atomic_write_bytes(identity_path(stage, ident['record']), json.dumps(ident['ident']).encode())
     atomic_write_bytes(m, json.dumps(rec).encode())
     return rec
 
@@ -281,9 +424,68 @@ def remove_stale_temps(folder) -> int:
                 n += 1
     return n
 
-def _pending(stage) -> list:
-    "The unfinished tasks of `stage`, its folder cleared of what killed writers left there first."
-    todo = [i for i in range(stage.n_tasks()) if not is_done(stage, i)]
+class StaleTasks(Exception):
+    "Finished tasks of a stage done with other parameters or inputs than the stage has now; the message is one line."
+
+def _show(v) -> str:
+    s = json.dumps(v)
+    return s if len(s) <= 40 else s[:37] + '...'
+
+def identity_difference(old, new, task) -> str:
+    "What differs between two identities for `task`, in a few words: the first parameter, else the first input."
+    if old is None: return 'parameters and inputs not recorded here'
+    for k in sorted(set(old['params']) | set(new['params'])):
+        a, b = old['params'].get(k, 'unset'), new['params'].get(k, 'unset')
+        if a != b: return f'{k} = {_show(a)} then, {_show(b)} now'
+    was, now = ({**x['inputs'], **x['tasks'].get(task, {})} for x in (old, new))
+    for f in sorted(set(was) | set(now)):
+        a, b = was.get(f), now.get(f)
+        if (a and [a[0], a[-1]]) != (b and [b[0], b[-1]]):
+            return f"input {f} {'is new' if a is None else 'is gone' if b is None else 'has changed'}"
+    return 'the inputs differ'
+
+def stale_line(stage, n: int, marker: Path) -> str:
+    "One line for `n` tasks of a stage finished otherwise (`marker`: one of them): what differs, and what to do."
+    digest, record = marker_identity(marker)
+    path = identity_path(stage, record) if record else None
+    old = json.loads(path.read_text()) if path is not None and path.exists() else None
+    what = None if digest is None else identity_difference(old, identity_of(stage)['ident'], marker.stem)
+    why = ('done by an earlier version, which did not record their parameters and inputs' if what is None
+           else f'done with other parameters or inputs ({what})')
+    tasks, were, them = (f'{n} finished tasks', 'were', 'them') if n > 1 else ('1 finished task', 'was', 'it')
+    return (f'{stage.out}: {tasks} of stage {stage.name} {were} {why}: write to a new output folder, or run again '
+            f'with --restart to redo {them}')
+
+def _orphans(stage) -> list:
+    "Markers of this stage (by name) for tasks it no longer has (an input shard gone, fewer shards asked for)."
+    names = {stage.task_name(i) for i in range(stage.n_tasks())}
+    out = []
+    for m in sorted((Path(stage.out)/'.done').glob('*.json')):
+        if m.stem in names: continue
+        try: rec = json.loads(m.read_text())
+        except (OSError, ValueError): continue  # not a marker this code wrote: none of this stage's business
+        if isinstance(rec, dict) and rec.get('stage') == stage.name: out.append(m)
+    return out
+
+def _remove_task_outputs(stage, marker: Path):
+    "Delete a vanished task's marker and the files it wrote (named after the task, in `out` and `out/rejects`)."
+    for d in (Path(stage.out), Path(stage.out)/'rejects'):
+        for f in d.glob(f'{glob.escape(marker.stem)}.*'):
+            if f.is_file(): f.unlink()
+    marker.unlink(missing_ok=True)
+
+def _pending(stage, restart=False) -> list:
+    """The unfinished tasks of `stage`, its folder cleared of what killed writers left there first. Tasks finished
+    with other parameters or inputs are a `StaleTasks` (reusing them would mix old and new results silently); with
+    `restart` they are redone instead, and the outputs of tasks the stage no longer has are deleted."""
+    found = {i: marker_identity(m)[0] for i in range(stage.n_tasks()) if (m := marker_path(stage, i)).exists()}
+    stale, orphans = [i for i, d in found.items() if d != task_identity(stage, i)], _orphans(stage)
+    if (stale or orphans) and not restart:
+        first = marker_path(stage, stale[0]) if stale else orphans[0]
+        raise StaleTasks(stale_line(stage, len(stale) + len(orphans), first))
+    for i in stale: marker_path(stage, i).unlink()
+    for m in orphans: _remove_task_outputs(stage, m)
+    todo = [i for i in range(stage.n_tasks()) if i not in found or i in stale]
     if todo and Path(stage.out).resolve() != Path.cwd(): remove_stale_temps(stage.out)
     return todo
 
@@ -375,8 +577,9 @@ def _progress_bar(total, desc, quiet):
 class LocalExecutor:
     """Run a stage's unfinished tasks in this process and a pool of `workers - 1` processes (this one alone when
     `workers == 1`); one pool for every stage."""
-    def __init__(self, workers=1, progress=True, workers_die_with_parent=True):
+    def __init__(self, workers=1, progress=True, workers_die_with_parent=True, restart=False):
         self.workers, self.progress, self._pool, self.die = workers, progress, None, workers_die_with_parent
+        self.restart = restart  # redo tasks finished with other parameters or inputs, rather than refuse them
         self._started, self._running = None, {}
     def pool(self):
         "The process pool, started on first use and kept for the next stages; its workers end when this process does."
@@ -418,7 +621,7 @@ class LocalExecutor:
                 bar.update()
     def run(self, stage) -> list:
         import concurrent.futures as cf
-        todo = _pending(stage)
+        todo = _pending(stage, self.restart)
         quiet = True if not self.progress or not todo else None  # None: only on a terminal (a log gets no bars)
         bar = _progress_bar(len(todo), stage.name, quiet)
         if todo: keep_freed_memory()  # this process runs tasks
@@ -441,8 +644,9 @@ class LocalExecutor:
 
 class RayExecutor:
     "Ray tasks for a stage's unfinished tasks (`pip install ray`); `address=None` starts a local cluster."
-    def __init__(self, address=None, num_cpus=None, progress=True, max_retries=3, task_cpus=1):
+    def __init__(self, address=None, num_cpus=None, progress=True, max_retries=3, task_cpus=1, restart=False):
         self.address, self.num_cpus, self.progress, self.max_retries = address, num_cpus, progress, max_retries
+        self.restart = restart
         self.task_cpus = task_cpus  # CPUs each task holds: a cluster of C CPUs runs C // task_cpus at once
     def run(self, stage) -> list:
         import ray
@@ -451,7 +655,7 @@ class RayExecutor:
             ray.init(address=self.address, num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
         # a task whose worker died runs again
         remote = ray.remote(max_retries=self.max_retries, num_cpus=self.task_cpus)(run_task)
-        refs = [remote.remote(stage, i) for i in _pending(stage)]
+        refs = [remote.remote(stage, i) for i in _pending(stage, self.restart)]
         quiet = True if not self.progress or not refs else None
         with tqdm(total=len(refs), desc=f'{stage.name} (ray)', disable=quiet, leave=False) as bar:
             while refs:

@@ -11,7 +11,7 @@ from ..usage import UsageError
 
 # %% auto #0
 __all__ = ['SAMPLE_RUNS', 'SAMPLE_LEN', 'parse_data_spec', 'data_sources', 'ShardError', 'first_bad_id', 'open_shard',
-           'TokenSource', 'MixtureLoader', 'cu_seqlens']
+           'no_tokens_line', 'TokenSource', 'MixtureLoader', 'cu_seqlens']
 
 # %% ../../nbs/59_loader.ipynb #5fab48d0
 def parse_data_spec(spec) -> tuple:
@@ -71,12 +71,20 @@ def open_shard(path, dtype, vocab_size=None):
         _check_ids(path, ids[a:a + SAMPLE_LEN], vocab_size, a)
     return ids, ends.astype(np.int64)
 
+def no_tokens_line(pattern, matched) -> str:
+    "Why `pattern` gives no tokens: it matches no file, or only empty shards (one named: the data to look at)."
+    if not matched: return f'no token shards match {pattern!r}'
+    n = len(matched)
+    return (f"{pattern!r} matches {n} token shard{'s' * (n > 1)}, but {'all are' if n > 1 else 'it is'} empty "
+            f'(0 tokens; e.g. {matched[0]}): every document of their source was filtered out, or it had none')
+
 class TokenSource:
     """The token shards matched by `pattern` as one stream; this rank's slice is cut at document ends. Shards are
     checked as they open (`open_shard`) and every read's ids against `meta.json`'s `vocab_size` (`check_ids`)."""
     def __init__(self, pattern, rank=0, world=1, check_ids=True):
-        self.files = [f for f in sorted(glob.glob(pattern)) if os.path.getsize(f)]  # empty shards cannot be mapped
-        if not self.files: raise FileNotFoundError(f'no token shards match {pattern!r}')
+        matched = sorted(glob.glob(pattern))
+        self.files = [f for f in matched if os.path.getsize(f)]  # empty shards cannot be mapped
+        if not self.files: raise FileNotFoundError(no_tokens_line(pattern, matched))
         self.maps, self.vocab, ends, off = [], [], [], 0
         for f in self.files:
             meta = json.loads((Path(f).parent/'meta.json').read_text())

@@ -9,8 +9,8 @@ import zstandard
 from collections import Counter
 from pathlib import Path
 from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, in_range, is_fs_error, os_error_line, probe_writable
-from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, DamagedFile, list_shards, read_docs,
-                             read_jsonl_zst, atomic_write_bytes)
+from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, StaleTasks, DamagedFile,
+                             list_shards, read_docs, read_jsonl_zst, atomic_write_bytes)
 from .ingest import Source, IngestStage, open_binary
 from .clean import GopherQuality, GopherRepetition, C4Lines, FineWebQuality, CodeQuality
 from .decontaminate import Decontaminate, Benchmark, humaneval_prompts, jsonl_prompts
@@ -271,9 +271,10 @@ def stage_row(st, recs, seconds, out) -> str:
 
 STAGE_HEADER = f"{'stage':<44} {'':>3}       {'seconds':>8} {'in':>8} {'kept':>8} {'aside':>7}  set-aside records"
 
-def run_pipeline(cfg, executor=None, log=print) -> list:
-    "Run (or resume) every stage, printing the stage table; returns every task's marker record, tagged with its stage."
-    ex = executor or LocalExecutor(cfg['pipeline'].get('workers', 1))
+def run_pipeline(cfg, executor=None, log=print, restart=False) -> list:
+    """Run (or resume) every stage, printing the stage table; returns every task's marker record, tagged with its
+    stage. Tasks finished with other parameters or inputs are refused (`StaleTasks`), or with `restart` redone."""
+    ex = executor or LocalExecutor(cfg['pipeline'].get('workers', 1), restart=restart)
     recs = []
     log(STAGE_HEADER)
     try:
@@ -362,8 +363,8 @@ def check_space(cfg, free=None, warn=None) -> tuple:
 
 # %% ../../nbs/5b_pipeline.ipynb #b0b6a5e1
 def _executor(a):
-    if a.executor == 'ray': return RayExecutor(a.ray_address, a.workers)
-    return LocalExecutor(a.workers or 1)
+    if a.executor == 'ray': return RayExecutor(a.ray_address, a.workers, restart=a.restart)
+    return LocalExecutor(a.workers or 1, restart=a.restart)
 
 def _set_params(pairs) -> dict:
     out = {}
@@ -396,7 +397,7 @@ def data_main(argv=()):
     except OSError as e:
         if not is_fs_error(e): raise  # not the file system (a socket, a bug): `run_command` keeps its traceback
         raise UsageError(fs_error_line(e)) from None
-    except WorkerDied as e: raise UsageError(str(e)) from None
+    except (WorkerDied, StaleTasks) as e: raise UsageError(str(e)) from None
 
 def check_resumable(stage):
     """A `UsageError` if the folder `stage` writes holds another stage's finished tasks: a run resumes its own tasks
@@ -417,6 +418,9 @@ def _data_main(argv):
     p.add_argument('--max-files', type=in_range(int, 1), default=None,
                    help='demo/corpus: only the first N library files')
     p.add_argument('--set', nargs='*', default=[], help='a stage: its parameters as KEY=VALUE')
+    p.add_argument('--restart', action='store_true',
+                   help='redo the finished tasks of OUT that were done with other parameters or inputs (without it, '
+                        'such tasks are refused: one line says what differs)')
     a = p.parse_args(argv)
     if a.executor == 'ray' and not installed('ray'):   # before any work, not after the corpus is built
         raise UsageError("--executor ray needs ray: pip install -e '.[ray]'")
@@ -440,7 +444,7 @@ def _data_main(argv):
         if a.workers: cfg['pipeline']['workers'] = a.workers
         check_writable(cfg['pipeline']['out'])
         check_space(cfg)
-        recs = run_pipeline(cfg, _executor(a) if a.executor == 'ray' else None)
+        recs = run_pipeline(cfg, _executor(a) if a.executor == 'ray' else None, restart=a.restart)
         from apex3.data.stats import summary   # pandas, only once there is a run to report
         print(summary(cfg['pipeline']['out'], recs))
         return 0

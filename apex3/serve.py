@@ -45,6 +45,7 @@ class Job:
     stop_ids: frozenset
     put: Callable
     cancelled: bool = False   # set by the request: it has what it needs, or its client is gone
+    rid: str = ''             # the request's id (the one its client sees): what the server's log names
 
 def token_logprobs(logits, tokens, top):
     "[(log-probability of each token, {token id: log-probability} of the `top` best)] from logits [N, V], tokens [N]."
@@ -101,10 +102,20 @@ class Batcher:
                 with torch.no_grad():
                     self._admit(wait=not any(self.rows))
                     if any(self.rows): self._step()
-            except Exception as e:   # a bug or a device error: these requests fail, the server goes on
-                _log.exception('decoding failed')
+            except Exception as e:   # the step all rows share failed (a bug or a device error): they all fail with it
+                _log.exception('decoding step failed')
                 for r in filter(None, self.rows): r.job.put(('error', f'{type(e).__name__}: {e}'))
                 self.rows = [None] * self.max_batch
+
+    def _guarded(self, b, job, work, *args):
+        """`work(*args)`, the work of row `b` alone (its prefill, its sampling), or None where it fails: then `job`
+        alone fails, its row is freed and forgets what it held; the other rows go on with the next step."""
+        try: return work(*args)
+        except Exception as e:
+            _log.error(f'{job.rid or "a request"}: decoding failed: {type(e).__name__}: {e}')
+            _log.debug('its traceback', exc_info=True)   # one line by default; the traceback for who asks
+            job.put(('error', f'{type(e).__name__}: {e}'))
+            self.rows[b], self.held[b] = None, []
 
     def _admit(self, wait):
         "Prefill waiting jobs into free rows (waiting for one if `wait`: nothing else to do)."
@@ -113,7 +124,9 @@ class Batcher:
             except queue.Empty: return
             wait = False
             if job.cancelled: job.put(('done', 'cancelled'))
-            else: self._start(*self._free_row(job.ids), job)
+            else:
+                b, n = self._free_row(job.ids)
+                self._guarded(b, job, self._start, b, n, job)
 
     def _free_row(self, ids):
         "The free row whose held tokens share the longest prefix with `ids`, and how many to reuse (one is fed)."
@@ -155,11 +168,7 @@ class Batcher:
         from apex3.generate import next_doc, sample_next
         going = {}
         for b, r in enumerate(self.rows):
-            if r is None: continue
-            t = sample_next(r.logits, r.sampling, r.rng)
-            lp = None if r.job.params.logprobs is None else token_logprobs(r.logits, t, r.job.params.logprobs)[0]
-            r.left -= 1
-            r.job.put(('token', t.item(), lp))
+            if r is None or (t := self._guarded(b, r.job, self._sample, r, sample_next)) is None: continue
             if self._alive(r.job, r.left, t.item()): going[b] = t
             else: self.rows[b] = None
         if not going: return
@@ -176,6 +185,15 @@ class Batcher:
         for b in going:
             r = self.rows[b]
             r.logits, r.pos, r.doc = logits[b:b + 1], r.pos + 1, next_doc(tok[b:b + 1], r.pos, r.doc, self.gen.eos_id)
+
+    @staticmethod
+    def _sample(r, sample_next):
+        "Row `r`'s next token, handed to its job with its log-probabilities if the job asked for them."
+        t = sample_next(r.logits, r.sampling, r.rng)
+        lp = None if r.job.params.logprobs is None else token_logprobs(r.logits, t, r.job.params.logprobs)[0]
+        r.left -= 1
+        r.job.put(('token', t.item(), lp))
+        return t
 
     @staticmethod
     def _alive(job, left, tok=None) -> bool:
@@ -215,6 +233,8 @@ class TextStream:
 # %% ../nbs/74_serve.ipynb #509f3870
 def _now(): return int(time.time())
 
+def _request_id(kind): return f'{kind}-{uuid.uuid4().hex[:24]}'   # kind: cmpl or chatcmpl
+
 def _logprobs_block(entries, texts):
     "A completion choice's `logprobs` (OpenAI's legacy layout) of (token id, (log-probability, top) or None) pairs."
     toks = [texts.decode([t], specials=True) for t, _ in entries]
@@ -248,11 +268,11 @@ class Choice:
         if self.finish is not None and self.finish != 'error': return self.stream.finish(), []
         return '', []
 
-async def decode_choices(batcher, prompts, params, stop_ids, make_stream):
-    "Submit one job a prompt; yield (index, choice, new text, new tokens) as decoding goes, until all are done."
+async def decode_choices(batcher, prompts, params, stop_ids, make_stream, rid=''):
+    "Submit one job a prompt (of request `rid`); yield (index, choice, new text, new tokens) until all are done."
     loop, q = asyncio.get_running_loop(), asyncio.Queue()
     def putter(i): return lambda item: loop.call_soon_threadsafe(q.put_nowait, (i, item))
-    jobs = [Job(ids, params, frozenset(stop_ids), putter(i)) for i, ids in enumerate(prompts)]
+    jobs = [Job(ids, params, frozenset(stop_ids), putter(i), rid=rid) for i, ids in enumerate(prompts)]
     choices = [Choice(j, make_stream(), params.logprobs or 0) for j in jobs]
     try:
         for j in jobs: batcher.submit(j)
@@ -327,10 +347,9 @@ class Server:
         return JSONResponse({'object': 'list', 'data': [
             {'id': self.name, 'object': 'model', 'created': self.created, 'owned_by': 'apex3'}]})
 
-    async def reply(self, obj, choices, body, params, chunk, final, prompt_tokens):
+    async def reply(self, rid, obj, choices, body, params, chunk, final, prompt_tokens):
         """The response: when the request streams, server-sent chunks (`chunk(i, choice, text, tokens)`, None for
         nothing to send), else one JSON object of every choice's `final(i, choice, text, tokens)`."""
-        rid = f"{'cmpl' if obj == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex[:24]}"
         head = dict(id=rid, object=obj if not params.stream else obj + ('.chunk' if obj != 'text_completion' else ''),
                     created=_now(), model=self.name)
         usage = lambda cs: dict(prompt_tokens=prompt_tokens, completion_tokens=sum(c.tokens for c in cs),
@@ -418,7 +437,8 @@ async def completions(srv, body):
     for ids in prompts: srv.batcher.check(ids, params)
     stops = set() if params.ignore_eos else {srv.eos}
     decode = lambda ids: srv.texts.decode(ids)
-    choices = decode_choices(srv.batcher, prompts, params, stops, lambda: TextStream(decode, params.stop))
+    rid = _request_id('cmpl')
+    choices = decode_choices(srv.batcher, prompts, params, stops, lambda: TextStream(decode, params.stop), rid)
     def lp_block(c, toks):
         if params.logprobs is None: return None
         head = list(zip(c.job.ids, c.prompt)) if params.echo and c.prompt is not None else []
@@ -434,7 +454,7 @@ async def completions(srv, body):
     def final(i, c, text, toks):
         return dict(index=i, text=(decode(c.job.ids) if params.echo else '') + text,
                     logprobs=lp_block(c, toks), finish_reason=c.finish)
-    return await srv.reply('text_completion', choices, body, params, chunk, final, sum(map(len, prompts)))
+    return await srv.reply(rid, 'text_completion', choices, body, params, chunk, final, sum(map(len, prompts)))
 
 async def chat(srv, body):
     "`POST /v1/chat/completions`: render the messages with the chat template; tool calls parsed as the reply streams."
@@ -474,8 +494,9 @@ async def chat(srv, body):
         msg = dict(role='assistant', content=content if content or not calls else None)
         if calls: msg['tool_calls'] = [{k: v for k, v in call.items() if k != 'index'} for call in calls]
         return dict(index=i, message=msg, logprobs=None, finish_reason=t.finish_reason(c))
-    choices = decode_choices(srv.batcher, [ids], params, stops, lambda: TextStream(decode, params.stop))
-    return await srv.reply('chat.completion', choices, body, params, chunk, final, len(ids))
+    rid = _request_id('chatcmpl')
+    choices = decode_choices(srv.batcher, [ids], params, stops, lambda: TextStream(decode, params.stop), rid)
+    return await srv.reply(rid, 'chat.completion', choices, body, params, chunk, final, len(ids))
 
 # %% ../nbs/74_serve.ipynb #0c61375d
 @contextlib.contextmanager

@@ -414,3 +414,40 @@ def test_a_conversations_next_turn_prefills_only_what_is_new(server, demo):
     with serving(fresh.app) as url:
         assert ask(openai.OpenAI(base_url=url, api_key='-', max_retries=0), msgs[:3]).choices[0].message.content == answer
     assert fresh.batcher.reused == [0] and answer == msgs[3]['content']
+
+
+def _faulty_sampling(monkeypatch, srv, top_p=0.5):
+    """Sampling fails for a row whose request asked for `top_p` (an injected fault); the busy rows at each failure are
+    noted, to show the faulty row decoded beside others."""
+    import apex3.generate as gen
+    real, busy = gen.sample_next, []
+    def faulty(logits, sampling, rng):
+        if sampling.top_p == top_p:
+            busy.append(sum(r is not None for r in srv.batcher.rows))
+            raise RuntimeError('injected fault')
+        return real(logits, sampling, rng)
+    monkeypatch.setattr(gen, 'sample_next', faulty)
+    return busy
+
+
+@pytest.mark.parametrize('protected', [True, False])
+def test_one_rows_failure_fails_only_its_request(server, demo, monkeypatch, protected):
+    """Three requests decoding together and a fourth whose sampling fails: the fourth gets a 500 naming the error, the
+    three get 200 and their lone replies. The control, a row's failure not kept to its row, fails all four."""
+    srv, _, url = server
+    _, _, train, *_ = demo
+    body = lambda p, **kw: json.dumps({'model': 'demo', 'prompt': p, 'max_tokens': 300, 'temperature': 0,
+                                       'ignore_eos': True, **kw}).encode()
+    prompts = [train[i % 2][0] + ' ' * i for i in range(3)]
+    alone = [_post(f'{url}/completions', body(p))[1]['choices'][0]['text'] for p in prompts]
+    busy = _faulty_sampling(monkeypatch, srv)
+    if not protected: monkeypatch.setattr(srv.batcher, '_guarded', lambda b, job, work, *a: work(*a))
+    with cf.ThreadPoolExecutor(3) as ex:
+        good = [ex.submit(_post, f'{url}/completions', body(p)) for p in prompts]
+        deadline = time.time() + 60
+        while sum(r is not None for r in srv.batcher.rows) < 3 and time.time() < deadline: time.sleep(0.002)
+        status, err = _post(f'{url}/completions', body(prompts[0], temperature=1, top_p=0.5))
+        good = [f.result() for f in good]
+    assert busy[0] == 4 and status == 500 and 'injected fault' in err['error']['message'], (busy, status, err)
+    if protected: assert [(s, r['choices'][0]['text']) for s, r in good] == [(200, t) for t in alone]
+    else: assert [s for s, _ in good] == [500] * 3

@@ -8,7 +8,7 @@ __all__ = ['Texts', 'Job', 'token_logprobs', 'Row', 'Batcher', 'TextStream', 'Ch
            'completions', 'chat', 'serving', 'serve_parser', 'serve_main']
 
 # %% ../nbs/74_serve.ipynb #d97e6533
-import asyncio, contextlib, hmac, itertools, json, logging, queue, threading, time, uuid
+import asyncio, contextlib, hmac, itertools, json, logging, queue, re, threading, time, uuid
 from dataclasses import dataclass
 from typing import Callable
 from jinja2.exceptions import TemplateError
@@ -31,11 +31,43 @@ class Texts:
     def __init__(self, tok):
         self.tok, self.raw = tok, getattr(tok, 'tok', tok)   # HFTokenizer wraps a tokenizers.Tokenizer
         self.hf = hasattr(self.raw, 'token_to_id')
+        # the texts the tokenizer encodes as a control token of its own (`<|im_end|>`, ...); longest first, so that a
+        # match is the tokenizer's own (leftmost, then longest)
+        added = sorted({t.content for t in self.raw.get_added_tokens_decoder().values()}, key=len, reverse=True) \
+            if self.hf else []
+        self.controls = re.compile('(' + '|'.join(map(re.escape, added)) + ')') if added else None
+        if self.controls:   # a copy that encodes those texts as plain text, character by character
+            from tokenizers import Tokenizer
+            self.plain = Tokenizer.from_str(self.raw.to_str())
+            self.plain.encode_special_tokens = True
 
     def encode(self, text) -> list: return self.raw.encode(text).ids if self.hf else list(self.tok.encode(text))
+
+    def defang(self, x):
+        """`x` (a client's JSON: messages, tools) with each control token's text in its strings broken by `_MARK`
+        after its first character: rendered into a prompt, it is no control token, which `encode_prompt` keeps."""
+        if self.controls is None or x is None: return x
+        if isinstance(x, dict): return {self.defang(k): self.defang(v) for k, v in x.items()}
+        if isinstance(x, list): return [self.defang(v) for v in x]
+        if not isinstance(x, str): return x
+        while self.controls.search(x): x = self.controls.sub(lambda m: m[0][0] + _MARK + m[0][1:], x)
+        return x
+
+    def encode_prompt(self, text) -> list:
+        """The ids of a prompt rendered from `defang`ed client text: the control tokens left whole (the template's
+        own) as control tokens, the rest, client text included, as plain text; the tokenizer itself splits at control
+        tokens first, so a prompt with none in its client text gets the ids `encode` gives."""
+        if self.controls is None: return self.encode(text)
+        from tokenizers import Encoding
+        pieces = self.controls.split(text)   # plain text, a control token, plain text, ...: the pattern captures
+        encs = [self.raw.encode(p, add_special_tokens=False) if i % 2 else
+                self.plain.encode(p.replace(_MARK, ''), add_special_tokens=False) for i, p in enumerate(pieces) if p]
+        return self.raw.post_process(Encoding.merge(encs, growing_offsets=True)).ids
     def decode(self, ids, specials=False) -> str:
         return self.raw.decode(ids, skip_special_tokens=not specials) if self.hf else self.tok.decode(ids)
     def token_id(self, text): return self.raw.token_to_id(text) if self.hf else None
+
+_MARK = '\ufdd0'   # a Unicode noncharacter; a client's own is dropped from the prompt, no text takes it
 
 @dataclass(eq=False)
 class Job:
@@ -466,10 +498,12 @@ async def chat(srv, body):
     if params.logprobs is not None or params.echo:
         raise BadRequest("'logprobs' and 'echo' are for /v1/completions on this server", param='logprobs')
     msgs, tools = parse_messages(body), parse_tools(body)
-    try: prompt = render_chat(msgs, tools, add_generation_prompt=True, template=srv.template)
+    try:   # client text is plain text: a `<|im_end|>` typed in a message cannot end its turn and forge another
+        prompt = render_chat(srv.texts.defang(msgs), srv.texts.defang(tools), add_generation_prompt=True,
+                             template=srv.template)
     except TemplateError as e: raise BadRequest(f'the messages do not fit the chat template: {e}', param='messages')
     except RecursionError: raise BadRequest('the messages or tools are nested too deep', param='messages') from None
-    ids = srv.texts.encode(prompt)
+    ids = srv.texts.encode_prompt(prompt)
     room = srv.batcher.max_len - len(ids)
     if room < 1: raise BadRequest(f'the conversation is {len(ids)} tokens; this server holds {srv.batcher.max_len}',
                                   param='messages')

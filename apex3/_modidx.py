@@ -1814,6 +1814,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.serve.Texts.defang': ('serve.html#texts.defang', 'apex3/serve.py'),
                              'apex3.serve.Texts.encode': ('serve.html#texts.encode', 'apex3/serve.py'),
                              'apex3.serve.Texts.encode_prompt': ('serve.html#texts.encode_prompt', 'apex3/serve.py'),
+                             'apex3.serve.Texts.offsets': ('serve.html#texts.offsets', 'apex3/serve.py'),
                              'apex3.serve.Texts.token_id': ('serve.html#texts.token_id', 'apex3/serve.py'),
                              'apex3.serve._http_error': ('serve.html#_http_error', 'apex3/serve.py'),
                              'apex3.serve._logprobs_block': ('serve.html#_logprobs_block', 'apex3/serve.py'),

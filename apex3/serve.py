@@ -67,6 +67,17 @@ class Texts:
         return self.raw.decode(ids, skip_special_tokens=not specials) if self.hf else self.tok.decode(ids)
     def token_id(self, text): return self.raw.token_to_id(text) if self.hf else None
 
+    def offsets(self, ids, start=0) -> list:
+        """Where the text of each token of `ids[start:]` starts in `decode(ids)`, the text a reply returns: a special
+        token has no text there, and a token inside a character (its text before it ends in an unfinished one, U+FFFD)
+        starts where the character does."""
+        whole = self.decode(ids)
+        if len(ids) - start > 8:   # many at once (an echoed prompt): one decode a token, where their texts join whole
+            pieces = self.raw.decode_batch([[t] for t in ids]) if self.hf else [self.decode([t]) for t in ids]
+            if ''.join(pieces) == whole: return list(itertools.accumulate(map(len, pieces), initial=0))[start:-1]
+        heads = (self.decode(ids[:i]) for i in range(start, len(ids)))   # else the text before each token
+        return [len(h) if whole.startswith(h) else len(h.rstrip('\ufffd')) for h in heads]
+
 _MARK = '\ufdd0'   # a Unicode noncharacter; a client's own is dropped from the prompt, no text takes it
 
 @dataclass(eq=False)
@@ -267,13 +278,13 @@ def _now(): return int(time.time())
 
 def _request_id(kind): return f'{kind}-{uuid.uuid4().hex[:24]}'   # kind: cmpl or chatcmpl
 
-def _logprobs_block(entries, texts):
-    "A completion choice's `logprobs` (OpenAI's legacy layout) of (token id, (log-probability, top) or None) pairs."
+def _logprobs_block(entries, texts, offsets):
+    """A completion choice's `logprobs` (OpenAI's legacy layout) of (token id, (log-probability, top) or None) pairs,
+    `offsets` where each token's text starts in the choice's text."""
     toks = [texts.decode([t], specials=True) for t, _ in entries]
-    offs = list(itertools.accumulate([len(s) for s in toks[:-1]], initial=0)) if toks else []
     top = lambda lp: None if lp is None else {texts.decode([i], specials=True): v for i, v in lp[1].items()}
     return dict(tokens=toks, token_logprobs=[None if lp is None else lp[0] for _, lp in entries],
-                top_logprobs=[top(lp) for _, lp in entries], text_offset=offs)
+                top_logprobs=[top(lp) for _, lp in entries], text_offset=offsets)
 
 class Choice:
     "One prompt's decode as a request sees it: its text so far, its tokens (with log-probabilities), its end."
@@ -473,9 +484,13 @@ async def completions(srv, body):
     choices = decode_choices(srv.batcher, prompts, params, stops, lambda: TextStream(decode, params.stop), rid)
     def lp_block(c, toks):
         if params.logprobs is None: return None
-        head = list(zip(c.job.ids, c.prompt)) if params.echo and c.prompt is not None else []
-        c.prompt = None   # sent once, with the first chunk
-        return _logprobs_block(head + toks, srv.texts)
+        head, offs = [], []
+        if params.echo and c.prompt is not None:   # sent once, with the first chunk
+            head, offs, c.prompt = list(zip(c.job.ids, c.prompt)), srv.texts.offsets(c.job.ids), None
+        # the reply's tokens so far are its stream's: offsets index the whole text, past the echoed prompt's
+        ids, base = c.stream.ids, len(decode(c.job.ids)) if params.echo else 0
+        offs += [base + o for o in srv.texts.offsets(ids, len(ids) - len(toks))]
+        return _logprobs_block(head + toks, srv.texts, offs)
     echoed = set()
     def chunk(i, c, text, toks):
         if params.echo and i not in echoed:

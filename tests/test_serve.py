@@ -1,6 +1,6 @@
 """`apex3 serve` through the official `openai` client: models, completions equal to `apex3 generate`, chat with tool
 calls from a tool-use model, streaming equal to whole replies, concurrent requests, bad requests; the loop over HTTP."""
-import concurrent.futures as cf, contextlib, io, json, os, subprocess, sys, threading, time
+import concurrent.futures as cf, contextlib, io, itertools, json, os, subprocess, sys, threading, time
 from pathlib import Path
 import pytest, torch
 from hypothesis import given, settings, strategies as st
@@ -474,3 +474,31 @@ def test_control_tokens_typed_in_a_message_are_plain_text(server, demo, monkeypa
     assert as_text > as_controls and counted(msgs) == (as_text if protected else as_controls)
     benign, tools = conversation(train[0], True)
     assert counted(benign[:3], tools=tools) == len(tok.encode(render_chat(benign[:3], tools, add_generation_prompt=True)).ids)
+
+
+def _pieces(text, tokens, offsets):
+    "What `text` holds from each token's offset to the next one's (the last to the end)."
+    ends = list(offsets[1:]) + [len(text)]
+    return [text[a:b] for a, b in zip(offsets, ends)]
+
+
+def test_text_offsets_index_the_returned_text(server, demo):
+    """A prompt of control tokens and text, echoed with its log-probabilities and continued: each token's text lies
+    at its `text_offset` in the returned text (a special token's is empty: the text skips it), whole and streamed
+    alike. The control: offsets summed from the token strings, as before, put the tokens elsewhere."""
+    _, client, _ = server
+    _, tok, train, *_ = demo
+    ids = tok.encode(render_chat([{'role': 'user', 'content': train[0][0]}], add_generation_prompt=True)).ids
+    specials = {t.content for t in tok.get_added_tokens_decoder().values()}
+    assert {tok.id_to_token(t) for t in ids} & specials
+    kw = dict(model='demo', prompt=ids, max_tokens=12, echo=True, logprobs=1, temperature=0,
+              extra_body={'ignore_eos': True})
+    whole = client.completions.create(**kw).choices[0]
+    lp = whole.logprobs
+    shown = ['' if t in specials else t for t in lp.tokens]
+    assert _pieces(whole.text, lp.tokens, lp.text_offset) == shown and len(lp.tokens) == len(ids) + 12
+    summed = list(itertools.accumulate(map(len, lp.tokens[:-1]), initial=0))
+    assert _pieces(whole.text, lp.tokens, summed) != shown
+    parts = list(client.completions.create(**kw, stream=True))
+    assert ''.join(p.choices[0].text for p in parts) == whole.text
+    assert [o for p in parts if p.choices[0].logprobs for o in p.choices[0].logprobs.text_offset] == lp.text_offset

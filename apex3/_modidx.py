@@ -1799,6 +1799,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.serve.Server._endpoint': ('serve.html#server._endpoint', 'apex3/serve.py'),
                              'apex3.serve.Server._events': ('serve.html#server._events', 'apex3/serve.py'),
                              'apex3.serve.Server._json': ('serve.html#server._json', 'apex3/serve.py'),
+                             'apex3.serve.Server._stream_error': ('serve.html#server._stream_error', 'apex3/serve.py'),
                              'apex3.serve.Server._too_big': ('serve.html#server._too_big', 'apex3/serve.py'),
                              'apex3.serve.Server._whole': ('serve.html#server._whole', 'apex3/serve.py'),
                              'apex3.serve.Server.models': ('serve.html#server.models', 'apex3/serve.py'),

@@ -401,15 +401,30 @@ class Server:
         return await self._whole(head, choices, final, usage)
 
     async def _events(self, head, choices, body, chunk, usage):
+        """The chunks of a streamed reply, then `[DONE]`. Where it fails, its last chunk is an error event (OpenAI's
+        `{"error": ...}`, which its clients raise) and the server logs one line naming the request: an exception out
+        of here would reach uvicorn, which logs a traceback and cuts the stream with no word to the client."""
         seen = {}
-        async for i, c, text, toks in choices:
-            seen[i] = c
-            if c.error: raise RuntimeError(c.error)   # ends the stream: the client sees it cut off
-            if (part := chunk(i, c, text, toks)) is not None: yield json.dumps({**head, 'choices': [part]})
-        opts = body.get('stream_options')
-        if isinstance(opts, dict) and opts.get('include_usage') is True:
-            yield json.dumps({**head, 'choices': [], 'usage': usage(seen.values())})
-        yield '[DONE]'
+        try:
+            async for i, c, text, toks in choices:
+                seen[i] = c
+                if c.error:   # the decoder has logged it, naming the request
+                    yield self._stream_error(f'decoding failed: {c.error}')
+                    break
+                if (part := chunk(i, c, text, toks)) is not None: yield json.dumps({**head, 'choices': [part]})
+            else:
+                opts = body.get('stream_options')
+                if isinstance(opts, dict) and opts.get('include_usage') is True:
+                    yield json.dumps({**head, 'choices': [], 'usage': usage(seen.values())})
+        except Exception as e:   # a bug of the reply's own: the client is told, the log has one line
+            _log.error(f"{head['id']}: streaming failed: {type(e).__name__}: {e}")
+            yield self._stream_error('internal error')
+        finally: await choices.aclose()   # ended early: the request's other rows are freed now, not when collected
+        yield '[DONE]'   # after an error too, as vLLM does: a client that waits for it is not left waiting
+
+    @staticmethod
+    def _stream_error(message) -> str:
+        return json.dumps({'error': {'message': message, 'type': 'server_error', 'param': None, 'code': None}})
 
     async def _whole(self, head, choices, final, usage):
         parts = {}

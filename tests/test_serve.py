@@ -1,6 +1,6 @@
 """`apex3 serve` through the official `openai` client: models, completions equal to `apex3 generate`, chat with tool
 calls from a tool-use model, streaming equal to whole replies, concurrent requests, bad requests; the loop over HTTP."""
-import concurrent.futures as cf, contextlib, io, itertools, json, os, subprocess, sys, threading, time
+import concurrent.futures as cf, contextlib, io, itertools, json, logging, os, subprocess, sys, threading, time
 from pathlib import Path
 import pytest, torch
 from hypothesis import given, settings, strategies as st
@@ -416,13 +416,13 @@ def test_a_conversations_next_turn_prefills_only_what_is_new(server, demo):
     assert fresh.batcher.reused == [0] and answer == msgs[3]['content']
 
 
-def _faulty_sampling(monkeypatch, srv, top_p=0.5):
-    """Sampling fails for a row whose request asked for `top_p` (an injected fault); the busy rows at each failure are
-    noted, to show the faulty row decoded beside others."""
+def _faulty_sampling(monkeypatch, srv, top_p=0.5, after=0):
+    """Sampling fails for a row whose request asked for `top_p` (an injected fault), after `after` tokens; the busy
+    rows at each failure are noted, to show the faulty row decoded beside others."""
     import apex3.generate as gen
-    real, busy = gen.sample_next, []
+    real, busy, calls = gen.sample_next, [], itertools.count()
     def faulty(logits, sampling, rng):
-        if sampling.top_p == top_p:
+        if sampling.top_p == top_p and next(calls) >= after:
             busy.append(sum(r is not None for r in srv.batcher.rows))
             raise RuntimeError('injected fault')
         return real(logits, sampling, rng)
@@ -502,3 +502,42 @@ def test_text_offsets_index_the_returned_text(server, demo):
     parts = list(client.completions.create(**kw, stream=True))
     assert ''.join(p.choices[0].text for p in parts) == whole.text
     assert [o for p in parts if p.choices[0].logprobs for o in p.choices[0].logprobs.text_offset] == lp.text_offset
+
+
+class _Records(logging.Handler):
+    "The log records of the loggers it is added to, whatever their configuration (uvicorn's do not propagate)."
+    def __init__(self, *names):
+        super().__init__()
+        self.records, self.loggers = [], [logging.getLogger(n) for n in names]
+    def emit(self, record): self.records.append(record)
+    def __enter__(self):
+        for lg in self.loggers: lg.addHandler(self)
+        return self
+    def __exit__(self, *exc):
+        for lg in self.loggers: lg.removeHandler(self)
+
+
+@pytest.mark.parametrize('protected', [True, False])
+def test_a_stream_that_fails_ends_in_an_error_event_and_one_log_line(server, monkeypatch, protected):
+    """A streamed reply whose row fails after three tokens: the client gets the three, then an error event that the
+    official client raises as an `APIError` naming the failure; the server logs one line naming the request's id,
+    no traceback. The control, the error raised out of the stream as before: uvicorn logs its traceback and the
+    client's stream is cut with no word of why."""
+    srv, client, _ = server
+    _faulty_sampling(monkeypatch, srv, after=3)
+    if not protected: monkeypatch.setattr(srv, '_stream_error', lambda m: (_ for _ in ()).throw(RuntimeError(m)))
+    got = []
+    with _Records('uvicorn.error', 'uvicorn', 'apex3.serve') as log:
+        with pytest.raises(Exception) as e:
+            for ch in client.completions.create(model='demo', prompt='What is', max_tokens=20, temperature=1,
+                                                top_p=0.5, stream=True, extra_body={'ignore_eos': True}):
+                got.append(ch)
+        time.sleep(0.2)   # uvicorn logs after the response ends
+    lines = [r for r in log.records if r.levelno >= logging.WARNING]
+    assert len(got) == 3
+    if protected:
+        assert type(e.value) is openai.APIError and 'injected fault' in e.value.message   # the error event's
+        assert [(got[0].id in r.getMessage(), r.exc_info) for r in lines] == [(True, None)], lines
+    else:
+        assert type(e.value) is not openai.APIError and 'injected fault' not in str(e.value), e.value   # cut off
+        assert any(r.exc_info and 'Exception in ASGI application' in r.getMessage() for r in lines), lines

@@ -541,3 +541,50 @@ def test_a_stream_that_fails_ends_in_an_error_event_and_one_log_line(server, mon
     else:
         assert type(e.value) is not openai.APIError and 'injected fault' not in str(e.value), e.value   # cut off
         assert any(r.exc_info and 'Exception in ASGI application' in r.getMessage() for r in lines), lines
+
+
+def _slow_post(url, body, every, linger=3):
+    """(status, seconds to the answer, whether the server closed the connection) of a POST whose body is sent a byte
+    every `every` seconds, as a slowloris client does: the client goes on sending after the answer, for `linger`
+    seconds, and the connection counts as closed if the server ends it by then."""
+    import select, socket, urllib.parse
+    u = urllib.parse.urlparse(url)
+    with socket.create_connection((u.hostname, u.port), timeout=60) as s:
+        s.sendall(f'POST {u.path}/completions HTTP/1.1\r\nHost: {u.hostname}\r\nContent-Type: application/json\r\n'
+                  f'Content-Length: {len(body)}\r\n\r\n'.encode())
+        t0, i = time.time(), 0
+        while i < len(body) and not select.select([s], [], [], every)[0]:
+            s.sendall(body[i:i + 1])
+            i += 1
+        answer = b''
+        while b'\r\n\r\n' not in answer: answer += s.recv(65536)
+        took, end = time.time() - t0, time.time() + linger
+        while time.time() < end:
+            try:
+                if select.select([s], [], [], every)[0]:
+                    if not s.recv(65536): return int(answer.split()[1]), took, True
+                elif i < len(body):
+                    s.sendall(body[i:i + 1])
+                    i += 1
+            except ConnectionError: return int(answer.split()[1]), took, True
+        return int(answer.split()[1]), took, False
+
+
+def test_a_body_sent_a_byte_at_a_time_is_cut_off(demo, monkeypatch):
+    """A client that sends its 46-byte body a byte every 0.05 s (2.3 s in all): a server with a 0.5 s body limit
+    answers 408 within a second or so, before the body is done, and closes the connection. The controls: the same
+    client on a server whose limit is roomier than the body takes gets 200, after the whole body has arrived; the 408
+    without its `connection: close` leaves the connection open to the slow client."""
+    import apex3.serve as serve_mod
+    model, tok, *_ = demo
+    body = json.dumps({'model': 'demo', 'prompt': 'x', 'max_tokens': 1}, separators=(',', ':')).encode()
+    def slow(limit, linger=3):
+        srv = Server(model, tok, 'demo', max_batch=2, max_len=64, body_timeout=limit)
+        with serving(srv.app) as url: return _slow_post(url, body, 0.05, linger)
+    status, took, closed = slow(0.5)
+    assert status == 408 and 0.5 <= took < len(body) * 0.05 / 2 and closed, (status, took, closed)
+    status, took, _ = slow(30, linger=0)
+    assert status == 200 and took >= (len(body) - 1) * 0.05, (status, took)
+    plain = serve_mod.JSONResponse
+    monkeypatch.setattr(serve_mod, 'JSONResponse', lambda content, status=200, headers=None: plain(content, status))
+    assert slow(0.5)[::2] == (408, False)

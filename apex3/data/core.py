@@ -4,21 +4,22 @@
 
 # %% ../../nbs/50_data.ipynb #d00d04b9
 from __future__ import annotations
-import errno, hashlib, io, json, logging, math, os, re, threading, time, glob, tempfile, sysconfig
+import errno, io, json, logging, math, os, re, threading, time, glob, tempfile, sysconfig
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Iterable
 import orjson, zstandard
+from .identity import StaleTasks, identity_of, identity_path, marker_identity, stale_line, task_identity
+
 
 # %% auto #0
-__all__ = ['ZST_MAX_RATIO', 'NOT_PARAMETERS', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP',
-           'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes', 'write_jsonl_zst', 'DamagedFile',
-           'read_zst', 'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step', 'TaskContext',
-           'Stage', 'marker_path', 'stage_identity', 'identity_of', 'task_identity', 'identity_path', 'marker_identity',
-           'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs', 'MapStage',
-           'remove_stale_temps', 'StaleTasks', 'identity_difference', 'stale_line', 'die_with_parent', 'WorkerDied',
-           'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
+__all__ = ['ZST_MAX_RATIO', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document',
+           'without_surrogates', 'current_umask', 'atomic_write_bytes', 'write_jsonl_zst', 'DamagedFile', 'read_zst',
+           'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage',
+           'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs',
+           'MapStage', 'remove_stale_temps', 'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line',
+           'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -214,146 +215,6 @@ class Stage:
 
 def marker_path(stage, i) -> Path: return Path(stage.out)/'.done'/f'{stage.task_name(i)}.json'
 
-NOT_PARAMETERS = ('out', 'name', 'ctx')  # where a stage writes, what it is called, the task a step runs in now
-_BIG = 200  # a parameter whose JSON is longer than this is kept as its digest (rule tables, benchmark hashes)
-
-def _digest(data: bytes) -> str: return 'sha256:' + hashlib.sha256(data).hexdigest()[:16]
-
-def _canonical(x, depth=0):
-    """`x` as plain JSON values, the same in every process: no `id()`, no `hash()` (a str's differs per process),
-    no default `repr` (it holds an address); arrays by their digest, objects by their class and public attributes."""
-    if depth > 8: return type(x).__qualname__
-    if x is None or isinstance(x, (bool, int, str)): return x
-    if isinstance(x, float): return x if math.isfinite(x) else repr(x)
-    if isinstance(x, (list, tuple)): return [_canonical(v, depth + 1) for v in x]
-    if isinstance(x, (set, frozenset)):
-        return sorted((_canonical(v, depth + 1) for v in x), key=lambda v: json.dumps(v, sort_keys=True))
-    if isinstance(x, dict): return {str(k): _canonical(v, depth + 1) for k, v in sorted(x.items(), key=str)}
-    if isinstance(x, re.Pattern): return {'pattern': x.pattern, 'flags': int(x.flags)}
-    if isinstance(x, os.PathLike): return os.fspath(x)
-    if hasattr(x, 'dtype') and hasattr(x, 'tobytes'):  # a numpy array or scalar
-        return _digest(f'{x.dtype}{getattr(x, "shape", ())}'.encode() + x.tobytes())
-    if isinstance(x, type) or callable(x) and hasattr(x, '__qualname__'):
-        return f'{getattr(x, "__module__", "")}.{x.__qualname__}'
-    if hasattr(x, '__dict__'):
-        attrs = {k: v for k, v in vars(x).items() if not k.startswith('_') and k not in NOT_PARAMETERS}
-        name = {'name': x.name} if isinstance(getattr(x, 'name', None), str) else {}  # a step's, a class attribute
-        return {'class': type(x).__qualname__, **name, **_canonical(attrs, depth + 1)}
-    return type(x).__qualname__
-
-def _flat(x, key, out: dict, paths: dict, top: bool):
-    "Leaves of canonical `x` into `out` by dotted key; the strings that name input files into `paths` instead."
-    if isinstance(x, dict):
-        for k, v in x.items(): _flat(v, f'{key}.{k}' if key else k, out, paths, top and not key)
-    elif isinstance(x, list) and any(isinstance(v, dict) or isinstance(v, str) and _names_files(v, top) for v in x):
-        names = [v.get('name', v.get('class')) if isinstance(v, dict) else None for v in x]
-        for k, (v, name) in enumerate(zip(x, names)):  # a step by its name: `steps.c4.min_sentences`
-            _flat(v, f'{key}.{name}' if name and names.count(name) == 1 else f'{key}[{k}]', out, paths, top)
-    elif isinstance(x, str) and _names_files(x, top): paths[key] = x
-    else:
-        s = json.dumps(x, sort_keys=True)
-        out[key] = x if len(s) <= _BIG else _digest(s.encode())
-
-def _names_files(s: str, top: bool) -> bool:
-    "Whether string `s` of a stage names its input files: an absolute path or glob, or a path the stage was given."
-    return os.path.isabs(s) or (top and s != '' and os.path.exists(s))
-
-_MAGIC = re.compile('[*?[]')
-
-def _files_of(path: str, out: str) -> list:
-    "The files `path` names (a file, a glob, a folder walked), hidden ones (markers, temporaries) and `out`'s skipped."
-    skip = os.path.abspath(out)
-    if _MAGIC.search(path): files = [f for f in glob.glob(path, recursive=True) if os.path.isfile(f)]
-    elif os.path.isfile(path): files = [path]
-    else:
-        files = []
-        for d, dirs, fs in os.walk(path):
-            dirs[:] = sorted(x for x in dirs if not x.startswith('.') and os.path.abspath(os.path.join(d, x)) != skip)
-            files += [os.path.join(d, f) for f in sorted(fs) if not f.startswith('.')]
-    return files
-
-_DIGESTS = {}  # {(path, size, mtime_ns): digest}: the stages of one run read the same files (dedup: three times)
-
-def _file_digest(path, st) -> str:
-    """XXH3-128 of a file's bytes (read in blocks) whose `os.stat` is `st`, once per process for an unchanged file.
-    It tells a changed input from the same one, as a build tool does; it is no defence against forgery (whoever can
-    write the inputs can write the markers too), and SHA-256 would cost a stage a tenth of a second per 200 MB."""
-    import xxhash
-    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
-    if key not in _DIGESTS:
-        h = xxhash.xxh3_128()
-        with open(path, 'rb') as f:
-            while block := f.read(1 << 20): h.update(block)
-        _DIGESTS[key] = h.hexdigest()[:16]
-    return _DIGESTS[key]
-
-def _known_digests(stage) -> dict:
-    "{input: (size, mtime_ns, digest)} from the identities recorded beside the markers: an unchanged file is not read."
-    known = {}
-    for p in sorted((Path(stage.out)/'.done'/'identity').glob('*.json')):
-        try:
-            ident = json.loads(p.read_text())
-            for group in (ident['inputs'], *ident['tasks'].values()):
-                known.update({k: tuple(v) for k, v in group.items()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError): continue  # damaged: its files are hashed
-    return known
-
-def _task_shards(stage):
-    "The input file of each task, when task `i` reads `stage.shards[i]` alone (a map over shards); else None."
-    shards = getattr(stage, 'shards', None)
-    ok = isinstance(shards, list) and len(shards) == stage.n_tasks() and all(isinstance(f, str) for f in shards)
-    return shards if ok else None
-
-def stage_identity(stage) -> dict:
-    """What a stage's finished tasks depend on: its name, its parameters (its public attributes and those of its
-    steps, flattened to dotted keys), its input files as [size, mtime_ns, digest of the bytes] named relative to the
-    folder above `out` (a project moved whole keeps its identity), and, for a map over shards, each task's own shard.
-    Only size and content count: an input rewritten with the same bytes (its stage redone) leaves the stages after it
-    finished; the time only spares reading an unchanged file again."""
-    attrs = {k: v for k, v in vars(stage).items() if not k.startswith('_') and k not in NOT_PARAMETERS}
-    shards = _task_shards(stage)
-    if shards is not None:  # each task's shard is its own input; the folder holding them is no input of every task
-        attrs.pop('shards', None)
-        folders = {os.path.dirname(os.path.abspath(f)) for f in shards}
-        attrs = {k: v for k, v in attrs.items() if not (isinstance(v, str) and os.path.abspath(v) in folders)}
-    params, paths = {}, {}
-    _flat(_canonical(attrs), '', params, paths, True)
-    base, known = os.path.dirname(os.path.abspath(stage.out)), _known_digests(stage)
-    def entry(f):
-        st, rel = os.stat(f), os.path.relpath(os.path.abspath(f), base)
-        k = known.get(rel)
-        same = k is not None and k[:2] == (st.st_size, st.st_mtime_ns)
-        return rel, [st.st_size, st.st_mtime_ns, k[2] if same else _file_digest(f, st)]
-    inputs = dict(sorted(entry(f) for p in paths.values() for f in _files_of(p, stage.out)))
-    tasks = {} if shards is None else {stage.task_name(i): dict([entry(f)]) for i, f in enumerate(shards)}
-    missing = sorted(os.path.relpath(os.path.abspath(p), base) for p in paths.values() if not os.path.exists(p)
-                     and not _MAGIC.search(p))
-    return dict(stage=stage.name, params=params, inputs=inputs, missing=missing, tasks=tasks)
-
-def _content(files: dict) -> dict: return {f: [v[0], v[2]] for f, v in files.items()}  # size and digest, not time
-
-def identity_of(stage) -> dict:
-    """`stage`'s identity ('ident'), the digest it is recorded under ('record') and each task's digest ('tasks'),
-    worked out once per stage object (before its tasks run, so a step's state is not in it). A task's digest covers
-    the stage's parameters and inputs and its own shard, by size and content."""
-    if '_identity' not in vars(stage):
-        ident = stage_identity(stage)
-        common = {**ident, 'inputs': _content(ident['inputs']), 'tasks': None}
-        hashed = lambda x: _digest(json.dumps(x, sort_keys=True).encode()).removeprefix('sha256:')
-        tasks = {stage.task_name(i): hashed([common, _content(ident['tasks'].get(stage.task_name(i), {}))])
-                 for i in range(stage.n_tasks())}
-        stage._identity = dict(ident=ident, record=hashed([common, sorted(tasks.items())]), tasks=tasks)
-    return stage._identity
-
-def task_identity(stage, i) -> str: return identity_of(stage)['tasks'][stage.task_name(i)]
-
-def identity_path(stage, digest) -> Path: return Path(stage.out)/'.done'/'identity'/f'{digest}.json'
-
-def marker_identity(m: Path):
-    "(task digest, identity record digest) a marker records; (None, None) for a marker written before they were."
-    rec = json.loads(m.read_text())
-    return rec.get('identity'), rec.get('record')
-
 def is_done(stage, i) -> bool:
     "Whether task `i` has a marker written with the stage's current parameters and inputs."
     m = marker_path(stage, i)
@@ -431,38 +292,6 @@ def remove_stale_temps(folder) -> int:
                 Path(d, f).unlink(missing_ok=True)
                 n += 1
     return n
-
-class StaleTasks(Exception):
-    "Finished tasks of a stage done with other parameters or inputs than the stage has now; the message is one line."
-
-def _show(v) -> str:
-    s = json.dumps(v)
-    return s if len(s) <= 40 else s[:37] + '...'
-
-def identity_difference(old, new, task) -> str:
-    "What differs between two identities for `task`, in a few words: the first parameter, else the first input."
-    if old is None: return 'parameters and inputs not recorded here'
-    for k in sorted(set(old['params']) | set(new['params'])):
-        a, b = old['params'].get(k, 'unset'), new['params'].get(k, 'unset')
-        if a != b: return f'{k} = {_show(a)} then, {_show(b)} now'
-    was, now = ({**x['inputs'], **x['tasks'].get(task, {})} for x in (old, new))
-    for f in sorted(set(was) | set(now)):
-        a, b = was.get(f), now.get(f)
-        if (a and [a[0], a[-1]]) != (b and [b[0], b[-1]]):
-            return f"input {f} {'is new' if a is None else 'is gone' if b is None else 'has changed'}"
-    return 'the inputs differ'
-
-def stale_line(stage, n: int, marker: Path) -> str:
-    "One line for `n` tasks of a stage finished otherwise (`marker`: one of them): what differs, and what to do."
-    digest, record = marker_identity(marker)
-    path = identity_path(stage, record) if record else None
-    old = json.loads(path.read_text()) if path is not None and path.exists() else None
-    what = None if digest is None else identity_difference(old, identity_of(stage)['ident'], marker.stem)
-    why = ('done by an earlier version, which did not record their parameters and inputs' if what is None
-           else f'done with other parameters or inputs ({what})')
-    tasks, were, them = (f'{n} finished tasks', 'were', 'them') if n > 1 else ('1 finished task', 'was', 'it')
-    return (f'{stage.out}: {tasks} of stage {stage.name} {were} {why}: write to a new output folder, or run again '
-            f'with --restart to redo {them}')
 
 def _orphans(stage) -> list:
     "Markers of this stage (by name) for tasks it no longer has (an input shard gone, fewer shards asked for)."

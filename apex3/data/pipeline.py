@@ -9,8 +9,9 @@ import zstandard
 from collections import Counter
 from pathlib import Path
 from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, in_range, is_fs_error, os_error_line, probe_writable
-from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, StaleTasks, DamagedFile,
-                             list_shards, read_docs, read_jsonl_zst, atomic_write_bytes)
+from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, DamagedFile, list_shards, read_docs,
+                             read_jsonl_zst, atomic_write_bytes)
+from .identity import StaleTasks
 from .ingest import Source, IngestStage, open_binary
 from .clean import GopherQuality, GopherRepetition, C4Lines, FineWebQuality, CodeQuality
 from .decontaminate import Decontaminate, Benchmark, humaneval_prompts, jsonl_prompts

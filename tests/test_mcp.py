@@ -126,18 +126,22 @@ def test_without_the_shim_the_exit_is_only_a_closed_connection(monkeypatch):
     assert 'Connection closed' in str(e.value) and 'status' not in str(e.value) and type(e.value) is MCPToolError
 
 RAW_SERVER = '''
-# a bare JSON-RPC stdio server: argv[1] 'error' answers every call with JSON-RPC error -32000 and its own words;
-# 'bytes' writes bytes that are not UTF-8 on its stderr and exits 3
+# a bare JSON-RPC stdio server with one tool, echo: argv[1] 'error' answers every call with JSON-RPC error -32000 and
+# its own words; 'bytes' writes bytes that are not UTF-8 on its stderr and exits 3; 'pattern' gives echo's argument
+# `s` the pattern argv[2] and echoes
 import json, sys
 if sys.argv[1] == 'bytes':
     sys.stderr.buffer.write(b'fatal: \\xff\\xfe bad key\\n'); sys.stderr.flush(); sys.exit(3)
+schema = {'type': 'object'}
+if sys.argv[1] == 'pattern': schema['properties'] = {'s': {'type': 'string', 'pattern': sys.argv[2]}}
 for line in sys.stdin:
     m = json.loads(line)
     if 'id' not in m: continue
     if m['method'] == 'initialize':
         r = {'protocolVersion': m['params']['protocolVersion'], 'capabilities': {'tools': {}},
              'serverInfo': {'name': 'raw', 'version': '1'}}
-    elif m['method'] == 'tools/list': r = {'tools': [{'name': 'echo', 'inputSchema': {'type': 'object'}}]}
+    elif m['method'] == 'tools/list': r = {'tools': [{'name': 'echo', 'inputSchema': schema}]}
+    elif sys.argv[1] == 'pattern': r = {'content': [{'type': 'text', 'text': 'echoed'}]}
     else:
         error = {'code': -32000, 'message': 'the API key is invalid'}
         print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'error': error}), flush=True)
@@ -162,21 +166,6 @@ def test_a_schema_the_validator_cannot_apply_is_a_refusal_not_a_crash():
     assert tool({'$ref': 'http://127.0.0.1:1/x.json'}).call({'s': 'x'}).startswith('error: the schema of r cannot be')
     assert tool({'type': 'string'}).call({'s': 'x'}) == 'ran'   # the control: a schema it can apply
 
-PATTERN_SERVER = '''
-# a bare JSON-RPC stdio server with one tool, echo, whose schema gives `s` the pattern argv[1]
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if 'id' not in m: continue
-    if m['method'] == 'initialize':
-        r = {'protocolVersion': m['params']['protocolVersion'], 'capabilities': {'tools': {}},
-             'serverInfo': {'name': 'raw', 'version': '1'}}
-    elif m['method'] == 'tools/list':
-        s = {'type': 'string', 'pattern': sys.argv[1]}
-        r = {'tools': [{'name': 'echo', 'inputSchema': {'type': 'object', 'properties': {'s': s}}}]}
-    else: r = {'content': [{'type': 'text', 'text': 'echoed'}]}
-    print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'result': r}), flush=True)
-'''
 BACKTRACKS = 'a' * 40 + '!'   # 2**40 ways for (a+)+ or (a|a)* to fail on the '!'
 UNBOUNDED_CHECK = ('import jsonschema, sys\n'
                    'print("ready", flush=True)\n'
@@ -199,8 +188,8 @@ def test_a_backtracking_schema_pattern_is_a_bounded_refusal(tmp_path, pattern):
     """A server's schema pattern that backtracks exponentially: `apex3 agent call` answers within its --timeout (plus
     the grace) with status 2 and one line, and the loop's `Tool.call` within the tool's timeout. The control: the same
     check by jsonschema alone (`re`) has not finished when that timeout is up."""
-    (tmp_path / 'server.py').write_text(PATTERN_SERVER)
-    cmd, timeout = f'{sys.executable} {tmp_path / "server.py"} {shlex.quote(pattern)}', 3
+    (tmp_path / 'server.py').write_text(RAW_SERVER)
+    cmd, timeout = f'{sys.executable} {tmp_path / "server.py"} pattern {shlex.quote(pattern)}', 3
     t0 = time.monotonic()
     rc, out, err = _cli(call_main, '--mcp', cmd, '--timeout', str(timeout), 'echo', json.dumps({'s': BACKTRACKS}))
     assert time.monotonic() - t0 < timeout + GRACE_S

@@ -1980,7 +1980,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.train._gather': ('train.html#_gather', 'apex3/train.py'),
                              'apex3.train._kept': ('train.html#_kept', 'apex3/train.py'),
                              'apex3.train._latest_for_resume': ('train.html#_latest_for_resume', 'apex3/train.py'),
-                             'apex3.train._load_for_resume': ('train.html#_load_for_resume', 'apex3/train.py'),
                              'apex3.train._micro_batches': ('train.html#_micro_batches', 'apex3/train.py'),
                              'apex3.train._per_rank': ('train.html#_per_rank', 'apex3/train.py'),
                              'apex3.train._poisoned': ('train.html#_poisoned', 'apex3/train.py'),

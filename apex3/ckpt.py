@@ -325,21 +325,25 @@ def check_checkpoint_room(ckpt_dir, model, opt, keep, saves):
 # %% ../nbs/71_ckpt.ipynb #294f9987
 def verified_checkpoints(ckpt_dir):
     """The checkpoints in `ckpt_dir` whose checksums verify, newest first, each checked only when the one before it is
-    passed over; a warning for each that does not verify, and for what an unfinished write left."""
-    ckpt_dir = Path(ckpt_dir)
+    passed over; a warning for each that does not verify, and for what an unfinished write left. Where checkpoints
+    exist and none verifies, a `UsageError`: starting afresh would prune them."""
+    ckpt_dir, bad = Path(ckpt_dir), []
     if not ckpt_dir.is_dir(): return
     for p in sorted(ckpt_dir.glob(f'{TMP}*')):
         _log.warning('skipping %s: left by an unfinished checkpoint write or deletion (the next save removes it)', p)
-    for p in reversed(list_checkpoints(ckpt_dir)):
+    found = list(reversed(list_checkpoints(ckpt_dir)))
+    for p in found:
         if not (problems := verify_checkpoint(p)): yield p
-        else: _log.warning('skipping checkpoint %s: %s', p, '; '.join(problems))
+        else:
+            _log.warning('skipping checkpoint %s: %s', p, '; '.join(problems))
+            bad.append(p.name)
+    if found and len(bad) == len(found):
+        raise UsageError(f'no checkpoint in {ckpt_dir} verifies ({", ".join(bad)} are corrupt); '
+                         'move them aside to start afresh')
 
 def latest_checkpoint(ckpt_dir) -> Path | None:
-    "The newest checkpoint in `ckpt_dir` whose checksums verify; None if there are none."
-    if (p := next(verified_checkpoints(ckpt_dir), None)) is None and (bad := list_checkpoints(ckpt_dir)):
-        raise UsageError(f'no checkpoint in {ckpt_dir} verifies ({", ".join(b.name for b in bad)} are corrupt); '
-                         'move them aside to start afresh')
-    return p
+    "The newest checkpoint in `ckpt_dir` whose checksums verify; None if there are none (an error if none verifies)."
+    return next(verified_checkpoints(ckpt_dir), None)
 
 # %% ../nbs/71_ckpt.ipynb #3de45f6a
 def _numpy_array_globals():

@@ -327,30 +327,28 @@ def resume_problems(ck: dict) -> list[str]:
               'rng is not a list of generator states': _per_rank(ck['rng']) and all(map(_rng_form, ck['rng']))}
     return [why for why, ok in checks.items() if not ok]
 
-def _load_for_resume(run, path) -> dict:
-    """Every component of checkpoint `path`, read into memory but for an offloaded optimizer's state: that is copied
-    into the optimizer's pinned host buffers, so a mapping of its file saves a second copy and goes with the loaded
-    dict. A PyTorch optimizer keeps the tensors it is given: mapped, they would pin the file's disk space after
-    `--keep-ckpts` prunes the checkpoint."""
-    from apex3.ckpt import load_checkpoint, read_sums
-    names = [f.removesuffix('.pt') for f in read_sums(path)]   # verified by `verified_checkpoints` just now
-    ck = load_checkpoint(path, [n for n in names if n != 'optimizer'], verified=True, mmap=False)
-    if 'optimizer' not in names: return ck
-    return ck | load_checkpoint(path, 'optimizer', verified=True, mmap=hasattr(run.opt, 'store'))  # OffloadOptimizer
-
 def _latest_for_resume(run, folder) -> tuple:
     """`(path, components)` of the newest checkpoint in `folder` that verifies and loads in the forms a resume needs,
     or `(None, None)` where there is none. Each one passed over gets a warning line: like a corrupt file, a checkpoint
-    that does not load costs the tokens since the one before it, not the run."""
-    from apex3.ckpt import verified_checkpoints, list_checkpoints
-    for path in verified_checkpoints(folder):
-        try: problems = resume_problems(ck := _load_for_resume(run, path))
+    that does not load costs the tokens since the one before it, not the run. Every component is read into memory but
+    for an offloaded optimizer's state: that is copied into the optimizer's pinned host buffers, so a mapping of its
+    file saves a second copy and goes with the loaded dict. A PyTorch optimizer keeps the tensors it is given: mapped,
+    they would pin the file's disk space after `--keep-ckpts` prunes the checkpoint."""
+    from apex3.ckpt import verified_checkpoints, load_checkpoint, read_sums
+    passed = []
+    for path in verified_checkpoints(folder):   # (none verifying is its error: starting afresh would prune them)
+        names = [f.removesuffix('.pt') for f in read_sums(path)]   # verified just now
+        try:
+            ck = load_checkpoint(path, [n for n in names if n != 'optimizer'], verified=True, mmap=False)
+            if 'optimizer' in names:   # mapped for an OffloadOptimizer (its `store`)
+                ck |= load_checkpoint(path, 'optimizer', verified=True, mmap=hasattr(run.opt, 'store'))
         except UsageError as e: problems = [str(e)]
+        else: problems = resume_problems(ck)
         if not problems: return path, ck
         _log.warning('skipping checkpoint %s: %s', path, '; '.join(problems))
-    if tried := list_checkpoints(folder):   # some exist, and none would do: starting afresh would prune them
-        raise UsageError(f'no checkpoint in {folder} verifies and loads ({", ".join(p.name for p in tried)}); '
-                         'move them aside to start afresh')
+        passed.append(path.name)
+    if passed: raise UsageError(f'no checkpoint in {folder} verifies and loads ({", ".join(passed)} do not load); '
+                                'move them aside to start afresh')
     return None, None
 
 # Flags whose change on resume makes a different run than the one checkpointed (others, like --stop-at-tokens or

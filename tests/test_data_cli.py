@@ -76,7 +76,7 @@ def test_data_main_os_errors(monkeypatch, tmp_path):
     with pytest.raises(UsageError, match='Permission denied'): data_main(['run', 'x.toml'])  # control: a file's error
 
 # ---- resuming only what was done the same way; empty token shards; a step log over a data shard ----
-import os, random, subprocess, sys
+import os, random, shutil, subprocess, sys
 from pathlib import Path
 from apex3.data.pipeline import output_files
 
@@ -146,6 +146,29 @@ def test_markers_of_an_earlier_version_are_refused(tmp_path):
     rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
     assert rc == 2 and 'were done by an earlier version' in one_line(err), err
     assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out', '--restart')[0] == 0
+
+def test_damaged_markers_and_records_are_refused_in_one_line(tmp_path):
+    """A marker that is not JSON, not an object or of the wrong types, and an identity record that is damaged, are
+    each refused in one line, exit 2, no traceback; --restart redoes the task to what a fresh OUT holds. The control:
+    the same OUT with its markers intact resumes (exit 0, nothing printed)."""
+    prose_shards(tmp_path/'in')
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'fresh')[0] == 0
+    marker = tmp_path/'out'/'.done'/'s0.json'
+    for damage in ('not json', '[1, 2]', '{"stage": "c4", "identity": 5, "record": [1]}'):
+        shutil.rmtree(tmp_path/'out', ignore_errors=True)
+        shutil.copytree(tmp_path/'fresh', tmp_path/'out')
+        assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out') == (0, '')   # the control: intact, resumed
+        marker.write_text(damage)
+        rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
+        assert rc == 2 and 'damaged completion marker (s0.json' in one_line(err), (damage, err)
+        assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out', '--restart')[0] == 0
+        assert output_files(tmp_path/'out') == output_files(tmp_path/'fresh')
+    rec = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**rec, 'identity': 'other'}))
+    for damage in ('garbage', '{"params": 5}', '{"params": {}, "inputs": {"in/s0.jsonl.zst": [1]}, "tasks": {}}'):
+        (tmp_path/'out'/'.done'/'identity'/f"{rec['record']}.json").write_text(damage)
+        rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
+        assert rc == 2 and 'parameters and inputs not recorded here' in one_line(err), (damage, err)
 
 RUN_CONFIG = '''[pipeline]
 out = "{out}"

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Iterable
 import orjson, zstandard
-from .identity import StaleTasks, identity_of, identity_path, marker_identity, stale_line, task_identity
+from .identity import (StaleTasks, identity_of, identity_path, marker_identity, read_marker, stale_line,
+                                 task_identity)
 
 
 # %% auto #0
@@ -225,9 +226,8 @@ def run_task(stage, i) -> dict:
     last, with the task's identity digest (the identity itself is written beside the markers, once). Returns the
     marker's content."""
     m, ident = marker_path(stage, i), identity_of(stage)
-    if m.exists():
-        rec = json.loads(m.read_text())
-        if rec.get('identity') == task_identity(stage, i): return rec
+    rec = read_marker(m) if m.exists() else None  # a damaged marker: the task is run again
+    if rec is not None and rec.get('identity') == task_identity(stage, i): return rec
     t0, cpu0 = time.perf_counter(), time.process_time()
     counts = dict(stage.run(i))
     rec = dict(stage=stage.name, task=stage.task_name(i), seconds=time.perf_counter()-t0,

@@ -9,8 +9,8 @@ import glob, hashlib, json, math, os, re
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['NOT_PARAMETERS', 'stage_identity', 'identity_of', 'task_identity', 'identity_path', 'marker_identity', 'StaleTasks',
-           'identity_difference', 'stale_line']
+__all__ = ['NOT_PARAMETERS', 'DAMAGED', 'stage_identity', 'identity_of', 'task_identity', 'identity_path', 'read_marker',
+           'marker_identity', 'StaleTasks', 'identity_difference', 'stale_line']
 
 # %% ../../nbs/50b_identity.ipynb #05ece03f
 NOT_PARAMETERS = ('out', 'name', 'ctx')  # where a stage writes, what it is called, the task a step runs in now
@@ -87,6 +87,10 @@ def _file_digest(path, st) -> str:
         _DIGESTS[key] = h.hexdigest()[:16]
     return _DIGESTS[key]
 
+def _is_entry(v) -> bool:
+    "Whether `v` reads as a recorded input, [size, mtime_ns, digest]: a hand-edited record may hold anything."
+    return isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v[:2]) and isinstance(v[2], str)
+
 def _known_digests(stage) -> dict:
     "{input: (size, mtime_ns, digest)} from the identities recorded beside the markers: an unchanged file is not read."
     known = {}
@@ -94,7 +98,7 @@ def _known_digests(stage) -> dict:
         try:
             ident = json.loads(p.read_text())
             for group in (ident['inputs'], *ident['tasks'].values()):
-                known.update({k: tuple(v) for k, v in group.items()})
+                known.update({k: tuple(v) for k, v in group.items() if _is_entry(v)})
         except (OSError, ValueError, KeyError, TypeError, AttributeError): continue  # damaged: its files are hashed
     return known
 
@@ -150,10 +154,23 @@ def task_identity(stage, i) -> str: return identity_of(stage)['tasks'][stage.tas
 
 def identity_path(stage, digest) -> Path: return Path(stage.out)/'.done'/'identity'/f'{digest}.json'
 
+DAMAGED = 'damaged'  # what `marker_identity` says of a marker that is no JSON object: never a task's digest
+_DIGEST = re.compile('[0-9a-f]{16}')  # a record's digest names its file: nothing else may (no `../`)
+
+def read_marker(m: Path):
+    """A marker's record, or None for a damaged one (not JSON, not an object, a folder): a task it cannot vouch for,
+    which is refused, or redone with `restart`, rather than a traceback. A marker absent is the caller's to check."""
+    try: rec = json.loads(m.read_bytes())
+    except (ValueError, IsADirectoryError): return None
+    return rec if isinstance(rec, dict) else None
+
 def marker_identity(m: Path):
-    "(task digest, identity record digest) a marker records; (None, None) for a marker written before they were."
-    rec = json.loads(m.read_text())
-    return rec.get('identity'), rec.get('record')
+    """(task digest, identity record digest) a marker records; (None, None) for a marker written before they were;
+    (`DAMAGED`, None) for one damaged or with digests of the wrong type. A record digest is kept only as written."""
+    rec = read_marker(m)
+    if rec is None or not isinstance(rec.get('identity', ''), str): return DAMAGED, None
+    record = rec.get('record')
+    return rec.get('identity'), record if isinstance(record, str) and _DIGEST.fullmatch(record) else None
 
 # %% ../../nbs/50b_identity.ipynb #829c4798
 class StaleTasks(Exception):
@@ -176,14 +193,28 @@ def identity_difference(old, new, task) -> str:
             return f"input {f} {'is new' if a is None else 'is gone' if b is None else 'has changed'}"
     return 'the inputs differ'
 
+def _recorded_identity(path):
+    "The identity recorded at `path`; None when there is none or it is damaged (the line then says less, no more)."
+    if path is None: return None
+    try: old = json.loads(path.read_bytes())
+    except (OSError, ValueError): return None
+    tables = isinstance(old, dict) and all(isinstance(old.get(k), dict) for k in ('params', 'inputs', 'tasks'))
+    files = tables and all(isinstance(v, dict) for v in old['tasks'].values()) and all(
+        _is_entry(v) for g in (old['inputs'], *old['tasks'].values()) for v in g.values())
+    return old if files else None
+
+def _why_stale(stage, marker: Path) -> str:
+    "Why the task of `marker` does not count: a damaged marker, one of an earlier version, or what differs."
+    digest, record = marker_identity(marker)
+    if digest == DAMAGED: return f'left with a damaged completion marker ({marker.name} is no marker this code wrote)'
+    if digest is None: return 'done by an earlier version, which did not record their parameters and inputs'
+    old = _recorded_identity(identity_path(stage, record) if record else None)
+    what = identity_difference(old, identity_of(stage)['ident'], marker.stem)
+    return f'done with other parameters or inputs ({what})'
+
 def stale_line(stage, n: int, marker: Path) -> str:
     "One line for `n` tasks of a stage finished otherwise (`marker`: one of them): what differs, and what to do."
-    digest, record = marker_identity(marker)
-    path = identity_path(stage, record) if record else None
-    old = json.loads(path.read_text()) if path is not None and path.exists() else None
-    what = None if digest is None else identity_difference(old, identity_of(stage)['ident'], marker.stem)
-    why = ('done by an earlier version, which did not record their parameters and inputs' if what is None
-           else f'done with other parameters or inputs ({what})')
+    why = _why_stale(stage, marker)
     tasks, were, them = (f'{n} finished tasks', 'were', 'them') if n > 1 else ('1 finished task', 'was', 'it')
     return (f'{stage.out}: {tasks} of stage {stage.name} {were} {why}: write to a new output folder, or run again '
             f'with --restart to redo {them}')

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, in_range, is_fs_error, os_error_line, probe_writable
 from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, DamagedFile, list_shards, read_docs,
                              read_jsonl_zst, atomic_write_bytes)
-from .identity import StaleTasks
+from .identity import StaleTasks, read_marker
 from .ingest import Source, IngestStage, open_binary
 from .clean import GopherQuality, GopherRepetition, C4Lines, FineWebQuality, CodeQuality
 from .decontaminate import Decontaminate, Benchmark, humaneval_prompts, jsonl_prompts
@@ -403,7 +403,9 @@ def data_main(argv=()):
 def check_resumable(stage):
     """A `UsageError` if the folder `stage` writes holds another stage's finished tasks: a run resumes its own tasks
     and would take those as done."""
-    other = {json.loads(m.read_text()).get('stage') for m in (Path(stage.out)/'.done').glob('*.json')} - {stage.name}
+    # a damaged marker names no stage: the executor refuses it as a task it cannot vouch for
+    recs = (read_marker(m) for m in (Path(stage.out)/'.done').glob('*.json'))
+    other = {r['stage'] for r in recs if r is not None and isinstance(r.get('stage'), str)} - {stage.name}
     if other: raise UsageError(f'{stage.out} holds the output of stage {sorted(map(str, other))[0]}: give another '
                                'folder, or remove it')
 

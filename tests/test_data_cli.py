@@ -240,3 +240,20 @@ def test_a_step_log_on_a_data_shard_is_refused(tmp_path):
     log.write({'step': 1, 'loss': 2.0})
     log.close()
     assert copy.read_bytes() != data   # the control: what the refusal prevents
+
+def test_a_folder_another_run_is_writing_is_refused(tmp_path):
+    """While another run holds a stage's folder (its lock, as a run does for as long as it writes), `apex3 data`
+    into it stops in one line, exit 2, and leaves the folder as it was. The control: the same command once the lock is
+    free finishes, with a fresh run's bytes."""
+    import fcntl
+    from apex3.data.core import LOCK
+    prose_shards(tmp_path/'in')
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'fresh')[0] == 0
+    (tmp_path/'out'/'.done').mkdir(parents=True)
+    with open(tmp_path/'out'/'.done'/LOCK, 'a') as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
+        assert rc == 2 and 'is being written by another run now' in one_line(err), err
+        assert sorted(p.name for p in (tmp_path/'out').rglob('*')) == ['.done', LOCK]
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out') == (0, '')
+    assert output_files(tmp_path/'out') == output_files(tmp_path/'fresh')

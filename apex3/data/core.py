@@ -6,6 +6,7 @@
 from __future__ import annotations
 import errno, io, json, logging, math, os, re, threading, time, glob, tempfile, sysconfig
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Iterable
@@ -15,12 +16,12 @@ from .identity import (StaleTasks, identity_of, identity_path, marker_identity, 
 
 
 # %% auto #0
-__all__ = ['ZST_MAX_RATIO', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document',
+__all__ = ['ZST_MAX_RATIO', 'LOCK', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document',
            'without_surrogates', 'current_umask', 'atomic_write_bytes', 'write_jsonl_zst', 'DamagedFile', 'read_zst',
            'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage',
            'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs',
-           'MapStage', 'remove_stale_temps', 'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line',
-           'LocalExecutor', 'RayExecutor', 'stdlib_files']
+           'MapStage', 'FolderBusy', 'holding', 'Executor', 'remove_stale_temps', 'die_with_parent', 'WorkerDied',
+           'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -280,6 +281,33 @@ class MapStage(Stage):
         n = write_task_outputs(self.out, Path(self.shards[i]).name, docs, ctx)
         return {**ctx.counts, **nbytes, 'docs_out': n}
 
+# %% ../../nbs/50_data.ipynb #5cdd40b5
+class FolderBusy(Exception):
+    "Another run is writing the folder a stage writes; the message is one line."
+
+LOCK = '.lock'   # in `out/.done`: no marker (`*.json`), no temporary (`remove_stale_temps`)
+
+@contextmanager
+def holding(folder):
+    "Hold `folder` for this run while the block runs: an exclusive lock, or `FolderBusy` where another run holds it."
+    import fcntl
+    path = Path(folder)/'.done'/LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, 'a') as f:
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderBusy(f'{folder} is being written by another run now: wait for it to end, or write to another '
+                             'folder') from None
+        except OSError as e:   # ENOLCK, EOPNOTSUPP: a file system without locks
+            logging.getLogger(__name__).warning('%s: cannot lock it (%s): another run writing it at the same time '
+                                                'would not be stopped', folder, e.strerror)
+        yield
+
+class Executor:
+    "What every executor does around a stage: hold its output folder while `run_tasks` runs the stage's tasks."
+    def run(self, stage) -> list:
+        with holding(stage.out): return self.run_tasks(stage)
+
 # %% ../../nbs/50_data.ipynb #347c30ae
 _TEMP_NAME = re.compile(r'\..+\.[a-z0-9_]{8}\.tmp')  # `atomic_write_bytes`' temporary files: `.NAME.XXXXXXXX.tmp`
 
@@ -411,7 +439,7 @@ def _progress_bar(total, desc, quiet):
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, disable=quiet, leave=False)
 
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Run a stage's unfinished tasks in this process and a pool of `workers - 1` processes (this one alone when
     `workers == 1`); one pool for every stage."""
     def __init__(self, workers=1, progress=True, workers_die_with_parent=True, restart=False):
@@ -456,7 +484,7 @@ class LocalExecutor:
             for f in done:
                 f.result()
                 bar.update()
-    def run(self, stage) -> list:
+    def run_tasks(self, stage) -> list:
         import concurrent.futures as cf
         todo = _pending(stage, self.restart)
         quiet = True if not self.progress or not todo else None  # None: only on a terminal (a log gets no bars)
@@ -479,13 +507,13 @@ class LocalExecutor:
         bar.close()
         return [run_task(stage, i) for i in range(stage.n_tasks())]  # all markers exist now: this only reads them
 
-class RayExecutor:
+class RayExecutor(Executor):
     "Ray tasks for a stage's unfinished tasks (`pip install ray`); `address=None` starts a local cluster."
     def __init__(self, address=None, num_cpus=None, progress=True, max_retries=3, task_cpus=1, restart=False):
         self.address, self.num_cpus, self.progress, self.max_retries = address, num_cpus, progress, max_retries
         self.restart = restart
         self.task_cpus = task_cpus  # CPUs each task holds: a cluster of C CPUs runs C // task_cpus at once
-    def run(self, stage) -> list:
+    def run_tasks(self, stage) -> list:
         import ray
         from tqdm.auto import tqdm
         if not ray.is_initialized():

@@ -9,8 +9,8 @@ import zstandard
 from collections import Counter
 from pathlib import Path
 from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, in_range, is_fs_error, os_error_line, probe_writable
-from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, DamagedFile, list_shards, read_docs,
-                             read_jsonl_zst, atomic_write_bytes)
+from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, FolderBusy, DamagedFile, list_shards,
+                             read_docs, read_jsonl_zst, atomic_write_bytes)
 from .identity import StaleTasks, read_marker
 from .ingest import Source, IngestStage, open_binary
 from .clean import GopherQuality, GopherRepetition, C4Lines, FineWebQuality, CodeQuality
@@ -398,7 +398,7 @@ def data_main(argv=()):
     except OSError as e:
         if not is_fs_error(e): raise  # not the file system (a socket, a bug): `run_command` keeps its traceback
         raise UsageError(fs_error_line(e)) from None
-    except (WorkerDied, StaleTasks) as e: raise UsageError(str(e)) from None
+    except (WorkerDied, StaleTasks, FolderBusy) as e: raise UsageError(str(e)) from None
 
 def check_resumable(stage):
     """A `UsageError` if the folder `stage` writes holds another stage's finished tasks: a run resumes its own tasks

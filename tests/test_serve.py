@@ -476,6 +476,37 @@ def test_control_tokens_typed_in_a_message_are_plain_text(server, demo, monkeypa
     assert counted(benign[:3], tools=tools) == len(tok.encode(render_chat(benign[:3], tools, add_generation_prompt=True)).ids)
 
 
+
+def _with_non_special(tok, contents):
+    "A copy of `tok` whose added tokens `contents` are not marked special, as Qwen2.5's `<tool_call>` is not."
+    from tokenizers import Tokenizer
+    spec = json.loads(tok.to_str())
+    for t in spec['added_tokens']: t['special'] = t['special'] and t['content'] not in contents
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+@pytest.mark.parametrize('protected', [True, False])
+def test_typed_control_tokens_stay_plain_where_the_tokenizer_does_not_mark_them_special(demo, monkeypatch, protected):
+    """A tokenizer whose `<tool_call>` is an added token not marked special (Qwen2.5's is not): a user message that
+    types it costs the tokens of its characters, not the one token `/v1/completions` (raw text) counts. The control,
+    the plain-text copy made as before (`encode_special_tokens` alone), encodes the typed text as that one token."""
+    from tokenizers import Tokenizer
+    model, tok, *_ = demo
+    loose = _with_non_special(tok, {'<tool_call>', '</tool_call>'})
+    srv = Server(model, loose, 'demo', max_batch=2, max_len=512)
+    if not protected:
+        old = Tokenizer.from_str(loose.to_str())
+        old.encode_special_tokens = True
+        monkeypatch.setattr(srv.texts, 'plain', old)
+    with serving(srv.app) as url:
+        client = openai.OpenAI(base_url=url, api_key='-', max_retries=0)
+        counted = lambda text: client.chat.completions.create(model='demo', messages=[
+            {'role': 'user', 'content': text}], max_tokens=1).usage.prompt_tokens
+        raw = client.completions.create(model='demo', prompt='<tool_call>', max_tokens=1).usage.prompt_tokens
+        typed = counted('<tool_call>') - counted('')
+    assert raw == 1 and (typed > 1 if protected else typed == 1), (raw, typed)
+
+
 def _pieces(text, tokens, offsets):
     "What `text` holds from each token's offset to the next one's (the last to the end)."
     ends = list(offsets[1:]) + [len(text)]

@@ -447,13 +447,14 @@ class Server:
     async def _whole(self, head, choices, final, usage):
         parts = {}
         async for i, c, text, toks in choices:
+            if c.error:   # the reply is this error whatever the request's other rows give: they stop now, not
+                await choices.aclose()   # decoded to their end for no one (their jobs cancelled, their rows freed)
+                return JSONResponse({'error': {'message': f'decoding failed: {c.error}', 'type': 'server_error',
+                                               'param': None, 'code': None}}, 500)
             texts, entries = parts.setdefault(i, (c, [], []))[1:]
             texts.append(text)
             entries += toks
         cs = [parts[i] for i in sorted(parts)]
-        if bad := [c.error for c, _, _ in cs if c.error]:
-            return JSONResponse({'error': {'message': f'decoding failed: {bad[0]}', 'type': 'server_error',
-                                           'param': None, 'code': None}}, 500)
         return JSONResponse({**head, 'choices': [final(i, c, ''.join(t), e) for i, (c, t, e) in enumerate(cs)],
                              'usage': usage([c for c, _, _ in cs])})
 

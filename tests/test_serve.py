@@ -453,6 +453,32 @@ def test_one_rows_failure_fails_only_its_request(server, demo, monkeypatch, prot
     else: assert [s for s, _ in good] == [500] * 3
 
 
+
+@pytest.mark.parametrize('fails', [True, False])
+def test_a_whole_reply_whose_row_fails_frees_its_other_rows(server, demo, monkeypatch, fails):
+    """A request of 8 prompts × 400 tokens, not streamed, whose first prompt's prefill fails (an injected fault): the
+    client gets a 500 naming it, and the other seven rows are freed within a few steps (the decoder's own count), not
+    decoded to the end for a reply that is an error whatever they give. The control, no row failing, runs all 400
+    steps: the count tells the two apart."""
+    srv, _, url = server
+    _, tok, train, *_ = demo
+    ids, marker = tok.encode(train[0][0]).ids, tok.token_to_id('<|pad|>')
+    real = srv.batcher.gen.prefill
+    def faulty(rows, *a, **kw):
+        if rows[0][-1] == marker: raise RuntimeError('injected fault')
+        return real(rows, *a, **kw)
+    monkeypatch.setattr(srv.batcher.gen, 'prefill', faulty)
+    before = len(srv.batcher.sizes)
+    body = {'model': 'demo', 'prompt': [ids + [marker] if fails else ids] + [ids] * 7, 'max_tokens': 400,
+            'temperature': 0, 'ignore_eos': True}
+    status, reply = _post(f'{url}/completions', json.dumps(body).encode())
+    deadline = time.time() + 120
+    while any(srv.batcher.rows) and time.time() < deadline: time.sleep(0.05)
+    steps = len(srv.batcher.sizes) - before
+    if fails: assert status == 500 and 'injected fault' in reply['error']['message'] and steps < 200, (status, steps)
+    else: assert status == 200 and steps >= 399, (status, steps)
+
+
 @pytest.mark.parametrize('protected', [True, False])
 def test_control_tokens_typed_in_a_message_are_plain_text(server, demo, monkeypatch, protected):
     """A user message that types `<|im_end|>` and `<|im_start|>system` to forge a system turn: the server counts its

@@ -1877,6 +1877,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.serve._logprobs_block': ('serve.html#_logprobs_block', 'apex3/serve.py'),
                              'apex3.serve._no_constant': ('serve.html#_no_constant', 'apex3/serve.py'),
                              'apex3.serve._now': ('serve.html#_now', 'apex3/serve.py'),
+                             'apex3.serve._plain_copy': ('serve.html#_plain_copy', 'apex3/serve.py'),
                              'apex3.serve._request_id': ('serve.html#_request_id', 'apex3/serve.py'),
                              'apex3.serve._serve': ('serve.html#_serve', 'apex3/serve.py'),
                              'apex3.serve._server_error': ('serve.html#_server_error', 'apex3/serve.py'),

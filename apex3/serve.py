@@ -36,10 +36,7 @@ class Texts:
         added = sorted({t.content for t in self.raw.get_added_tokens_decoder().values()}, key=len, reverse=True) \
             if self.hf else []
         self.controls = re.compile('(' + '|'.join(map(re.escape, added)) + ')') if added else None
-        if self.controls:   # a copy that encodes those texts as plain text, character by character
-            from tokenizers import Tokenizer
-            self.plain = Tokenizer.from_str(self.raw.to_str())
-            self.plain.encode_special_tokens = True
+        if self.controls: self.plain = _plain_copy(self.raw)
 
     def encode(self, text) -> list: return self.raw.encode(text).ids if self.hf else list(self.tok.encode(text))
 
@@ -77,6 +74,17 @@ class Texts:
             if ''.join(pieces) == whole: return list(itertools.accumulate(map(len, pieces), initial=0))[start:-1]
         heads = (self.decode(ids[:i]) for i in range(start, len(ids)))   # else the text before each token
         return [len(h) if whole.startswith(h) else len(h.rstrip('\ufffd')) for h in heads]
+
+def _plain_copy(raw):
+    """A copy of the tokenizer `raw` that encodes every added token's text as plain text, character by character.
+    `encode_special_tokens` passes over the added tokens not marked special (Qwen2.5's `<tool_call>` is one), which
+    would still come out as control tokens: the copy marks them all special first."""
+    from tokenizers import Tokenizer
+    spec = json.loads(raw.to_str())
+    for t in spec.get('added_tokens', []): t['special'] = True
+    plain = Tokenizer.from_str(json.dumps(spec))
+    plain.encode_special_tokens = True
+    return plain
 
 _MARK = '\ufdd0'   # a Unicode noncharacter; a client's own is dropped from the prompt, no text takes it
 
@@ -439,13 +447,14 @@ class Server:
     async def _whole(self, head, choices, final, usage):
         parts = {}
         async for i, c, text, toks in choices:
+            if c.error:   # the reply is this error whatever the request's other rows give: they stop now, not
+                await choices.aclose()   # decoded to their end for no one (their jobs cancelled, their rows freed)
+                return JSONResponse({'error': {'message': f'decoding failed: {c.error}', 'type': 'server_error',
+                                               'param': None, 'code': None}}, 500)
             texts, entries = parts.setdefault(i, (c, [], []))[1:]
             texts.append(text)
             entries += toks
         cs = [parts[i] for i in sorted(parts)]
-        if bad := [c.error for c, _, _ in cs if c.error]:
-            return JSONResponse({'error': {'message': f'decoding failed: {bad[0]}', 'type': 'server_error',
-                                           'param': None, 'code': None}}, 500)
         return JSONResponse({**head, 'choices': [final(i, c, ''.join(t), e) for i, (c, t, e) in enumerate(cs)],
                              'usage': usage([c for c, _, _ in cs])})
 

@@ -453,6 +453,32 @@ def test_one_rows_failure_fails_only_its_request(server, demo, monkeypatch, prot
     else: assert [s for s, _ in good] == [500] * 3
 
 
+
+@pytest.mark.parametrize('fails', [True, False])
+def test_a_whole_reply_whose_row_fails_frees_its_other_rows(server, demo, monkeypatch, fails):
+    """A request of 8 prompts × 400 tokens, not streamed, whose first prompt's prefill fails (an injected fault): the
+    client gets a 500 naming it, and the other seven rows are freed within a few steps (the decoder's own count), not
+    decoded to the end for a reply that is an error whatever they give. The control, no row failing, runs all 400
+    steps: the count tells the two apart."""
+    srv, _, url = server
+    _, tok, train, *_ = demo
+    ids, marker = tok.encode(train[0][0]).ids, tok.token_to_id('<|pad|>')
+    real = srv.batcher.gen.prefill
+    def faulty(rows, *a, **kw):
+        if rows[0][-1] == marker: raise RuntimeError('injected fault')
+        return real(rows, *a, **kw)
+    monkeypatch.setattr(srv.batcher.gen, 'prefill', faulty)
+    before = len(srv.batcher.sizes)
+    body = {'model': 'demo', 'prompt': [ids + [marker] if fails else ids] + [ids] * 7, 'max_tokens': 400,
+            'temperature': 0, 'ignore_eos': True}
+    status, reply = _post(f'{url}/completions', json.dumps(body).encode())
+    deadline = time.time() + 120
+    while any(srv.batcher.rows) and time.time() < deadline: time.sleep(0.05)
+    steps = len(srv.batcher.sizes) - before
+    if fails: assert status == 500 and 'injected fault' in reply['error']['message'] and steps < 200, (status, steps)
+    else: assert status == 200 and steps >= 399, (status, steps)
+
+
 @pytest.mark.parametrize('protected', [True, False])
 def test_control_tokens_typed_in_a_message_are_plain_text(server, demo, monkeypatch, protected):
     """A user message that types `<|im_end|>` and `<|im_start|>system` to forge a system turn: the server counts its
@@ -474,6 +500,37 @@ def test_control_tokens_typed_in_a_message_are_plain_text(server, demo, monkeypa
     assert as_text > as_controls and counted(msgs) == (as_text if protected else as_controls)
     benign, tools = conversation(train[0], True)
     assert counted(benign[:3], tools=tools) == len(tok.encode(render_chat(benign[:3], tools, add_generation_prompt=True)).ids)
+
+
+
+def _with_non_special(tok, contents):
+    "A copy of `tok` whose added tokens `contents` are not marked special, as Qwen2.5's `<tool_call>` is not."
+    from tokenizers import Tokenizer
+    spec = json.loads(tok.to_str())
+    for t in spec['added_tokens']: t['special'] = t['special'] and t['content'] not in contents
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+@pytest.mark.parametrize('protected', [True, False])
+def test_typed_control_tokens_stay_plain_where_the_tokenizer_does_not_mark_them_special(demo, monkeypatch, protected):
+    """A tokenizer whose `<tool_call>` is an added token not marked special (Qwen2.5's is not): a user message that
+    types it costs the tokens of its characters, not the one token `/v1/completions` (raw text) counts. The control,
+    the plain-text copy made as before (`encode_special_tokens` alone), encodes the typed text as that one token."""
+    from tokenizers import Tokenizer
+    model, tok, *_ = demo
+    loose = _with_non_special(tok, {'<tool_call>', '</tool_call>'})
+    srv = Server(model, loose, 'demo', max_batch=2, max_len=512)
+    if not protected:
+        old = Tokenizer.from_str(loose.to_str())
+        old.encode_special_tokens = True
+        monkeypatch.setattr(srv.texts, 'plain', old)
+    with serving(srv.app) as url:
+        client = openai.OpenAI(base_url=url, api_key='-', max_retries=0)
+        counted = lambda text: client.chat.completions.create(model='demo', messages=[
+            {'role': 'user', 'content': text}], max_tokens=1).usage.prompt_tokens
+        raw = client.completions.create(model='demo', prompt='<tool_call>', max_tokens=1).usage.prompt_tokens
+        typed = counted('<tool_call>') - counted('')
+    assert raw == 1 and (typed > 1 if protected else typed == 1), (raw, typed)
 
 
 def _pieces(text, tokens, offsets):

@@ -257,3 +257,14 @@ def test_a_folder_another_run_is_writing_is_refused(tmp_path):
         assert sorted(p.name for p in (tmp_path/'out').rglob('*')) == ['.done', LOCK]
     assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out') == (0, '')
     assert output_files(tmp_path/'out') == output_files(tmp_path/'fresh')
+
+def test_an_input_reached_through_a_link_is_the_same_input(tmp_path):
+    """The same shards given through a symlink to their folder resume (they are named where they really are). The
+    control: a copy of them in another folder is another input, refused in one line."""
+    prose_shards(tmp_path/'in')
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out')[0] == 0
+    (tmp_path/'link').symlink_to(tmp_path/'in', target_is_directory=True)
+    assert apex3('data', 'c4', tmp_path/'link', tmp_path/'out') == (0, '')
+    shutil.copytree(tmp_path/'in', tmp_path/'copy')
+    rc, err = apex3('data', 'c4', tmp_path/'copy', tmp_path/'out')
+    assert rc == 2 and 'input copy/s0.jsonl.zst is new' in one_line(err), err

@@ -281,7 +281,7 @@ class MapStage(Stage):
         n = write_task_outputs(self.out, Path(self.shards[i]).name, docs, ctx)
         return {**ctx.counts, **nbytes, 'docs_out': n}
 
-# %% ../../nbs/50_data.ipynb #5cdd40b5
+# %% ../../nbs/50_data.ipynb #142188cb
 class FolderBusy(Exception):
     "Another run is writing the folder a stage writes; the message is one line."
 

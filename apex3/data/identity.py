@@ -111,7 +111,8 @@ def _task_shards(stage):
 def stage_identity(stage) -> dict:
     """What a stage's finished tasks depend on: its name, its parameters (its public attributes and those of its
     steps, flattened to dotted keys), its input files as [size, mtime_ns, digest of the bytes] named relative to the
-    folder above `out` (a project moved whole keeps its identity), and, for a map over shards, each task's own shard.
+    folder above `out` where they really are (a project moved whole keeps its identity, and an input reached
+    through a link is the same input), and, for a map over shards, each task's own shard.
     Only size and content count: an input rewritten with the same bytes (its stage redone) leaves the stages after it
     finished; the time only spares reading an unchanged file again."""
     attrs = {k: v for k, v in vars(stage).items() if not k.startswith('_') and k not in NOT_PARAMETERS}
@@ -122,15 +123,15 @@ def stage_identity(stage) -> dict:
         attrs = {k: v for k, v in attrs.items() if not (isinstance(v, str) and os.path.abspath(v) in folders)}
     params, paths = {}, {}
     _flat(_canonical(attrs), '', params, paths, True)
-    base, known = os.path.dirname(os.path.abspath(stage.out)), _known_digests(stage)
-    def entry(f):
-        st, rel = os.stat(f), os.path.relpath(os.path.abspath(f), base)
+    base, known = os.path.dirname(os.path.realpath(stage.out)), _known_digests(stage)
+    def entry(f):   # named where it really is: an input reached through a link is the same input
+        st, rel = os.stat(f), os.path.relpath(os.path.realpath(f), base)
         k = known.get(rel)
         same = k is not None and k[:2] == (st.st_size, st.st_mtime_ns)
         return rel, [st.st_size, st.st_mtime_ns, k[2] if same else _file_digest(f, st)]
     inputs = dict(sorted(entry(f) for p in paths.values() for f in _files_of(p, stage.out)))
     tasks = {} if shards is None else {stage.task_name(i): dict([entry(f)]) for i, f in enumerate(shards)}
-    missing = sorted(os.path.relpath(os.path.abspath(p), base) for p in paths.values() if not os.path.exists(p)
+    missing = sorted(os.path.relpath(os.path.realpath(p), base) for p in paths.values() if not os.path.exists(p)
                      and not _MAGIC.search(p))
     return dict(stage=stage.name, params=params, inputs=inputs, missing=missing, tasks=tasks)
 

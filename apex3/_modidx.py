@@ -280,6 +280,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'apex3.agent.tools._null_ok': ('tools.html#_null_ok', 'apex3/agent/tools.py'),
                                    'apex3.agent.tools._on_time': ('tools.html#_on_time', 'apex3/agent/tools.py'),
                                    'apex3.agent.tools._pattern': ('tools.html#_pattern', 'apex3/agent/tools.py'),
+                                   'apex3.agent.tools._pattern_formats': ('tools.html#_pattern_formats', 'apex3/agent/tools.py'),
                                    'apex3.agent.tools._pattern_properties': ('tools.html#_pattern_properties', 'apex3/agent/tools.py'),
                                    'apex3.agent.tools._run_with_timeout': ('tools.html#_run_with_timeout', 'apex3/agent/tools.py'),
                                    'apex3.agent.tools._same_key': ('tools.html#_same_key', 'apex3/agent/tools.py'),

@@ -259,3 +259,21 @@ def test_a_schema_that_branches_without_end_is_a_bounded_refusal():
     assert Tool.from_spec(dict(name='e', parameters=_branching(3), call=None)).invalid({'s': None}).endswith(
         'None is not valid under any of the given schemas')   # a shallow one is still checked to the end
     assert _still_checking_after(tool.timeout, BRANCHING_CHECK, json.dumps(schema))
+
+LETTERS = {'type': 'object', 'required': ['n'],
+           'properties': {'s': {'type': 'string', 'pattern': r'^\p{L}+$'}, 'n': {'type': 'integer'}}}
+
+def test_a_pattern_regex_reads_but_re_does_not_keeps_the_schema(caplog):
+    """A server's pattern `\\p{L}` (ECMA-262; `re` refuses it): the schema still checks the arguments, the pattern and the
+    rest (a missing `n`); a pattern no engine reads is still 'not a JSON schema'. The control: jsonschema's own schema
+    check, by `re`, refuses the schema, which the tool once read as 'any object' and let every argument through."""
+    tool = Tool.from_spec(dict(name='echo', parameters=LETTERS, call=lambda args: 'ran'))
+    assert tool.call({'s': 'Zürich', 'n': 1}) == 'ran'
+    assert tool.call({'s': '42', 'n': 1}).startswith("error: invalid arguments for echo: s: '42' does not match")
+    assert tool.call({'s': 'abc'}) == "error: invalid arguments for echo: arguments: 'n' is a required property"
+    assert not [r for r in caplog.records if 'not a JSON schema' in r.getMessage()]
+    broken = Tool.from_spec(dict(name='b', parameters={'properties': {'s': {'pattern': '('}}}, call=lambda a: 'ran'))
+    assert broken.call({'s': 'x'}) == 'ran' and 'not a JSON schema' in caplog.records[-1].getMessage()
+    import jsonschema
+    with pytest.raises(jsonschema.SchemaError, match="is not a 'regex'"):   # the control
+        jsonschema.Draft202012Validator.check_schema(LETTERS)

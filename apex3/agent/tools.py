@@ -265,12 +265,19 @@ def _validator_class(name, schema):
                                  'jsonschema matches its patternProperties there with re, which has no time limit')
     return bounded
 
+def _pattern_formats():
+    """jsonschema's format checks for a schema, with `regex` the judge of its patterns (the engine that runs them): `re`
+    refuses `\\p{L}` and a lookbehind of any length, both ECMA-262, and a schema it refused was read as 'any object'."""
+    checker = jsonschema.FormatChecker()
+    if regex is not None: checker.checks('regex', raises=regex.error)(regex.compile)
+    return checker
+
 def _validator(name, parameters):
     """A validator of the arguments; a schema that is not one (from a peer) is logged and read as 'any object'. Every
     part reads as draft 2020-12: a `$schema` inside would switch jsonschema to another draft, and its `re`."""
     try:
         schema = _null_ok(parameters)
-        jsonschema.Draft202012Validator.check_schema(schema)
+        _DRAFT.check_schema(schema, format_checker=_pattern_formats())
     except (jsonschema.SchemaError, RecursionError) as e:   # RecursionError: nested past what Python can walk
         why = e.message if isinstance(e, jsonschema.SchemaError) else 'nested too deep to read'
         logging.getLogger(__name__).warning(

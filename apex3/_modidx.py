@@ -221,6 +221,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'apex3.agent.sandbox._put': ('sandbox.html#_put', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._read_frames': ('sandbox.html#_read_frames', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._root_args': ('sandbox.html#_root_args', 'apex3/agent/sandbox.py'),
+                                     'apex3.agent.sandbox._special_bits': ('sandbox.html#_special_bits', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._swap_in': ('sandbox.html#_swap_in', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._tidy_in_place': ('sandbox.html#_tidy_in_place', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._unmount': ('sandbox.html#_unmount', 'apex3/agent/sandbox.py'),

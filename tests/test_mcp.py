@@ -235,3 +235,45 @@ def test_unique_items_of_many_objects_is_checked_within_the_timeout():
     assert tool.call({'xs': [{'k': [1]}, {'k': [1.0]}]}).endswith('has non-unique elements')
     assert tool.call({'xs': [1, True, None, 0, False]}) == 'ran'
     assert _still_checking_after(tool.timeout, PAIRWISE_CHECK, '8000')
+
+def _branching(depth):
+    "A schema of `$ref`s to `anyOf`s of two `$ref`s, `depth` deep (3 KB at 40): 2**depth branches for a non-string."
+    defs = {f'n{i}': {'anyOf': [{'$ref': f'#/$defs/n{i + 1}'}] * 2} for i in range(depth)}
+    return {'type': 'object', '$defs': {**defs, f'n{depth}': {'type': 'string'}},
+            'properties': {'s': {'$ref': '#/$defs/n0'}}}
+
+BRANCHING_CHECK = ('import json, sys, jsonschema\nprint("ready", flush=True)\n'
+                   'schema = json.loads(sys.argv[1])\n'
+                   'print(list(jsonschema.Draft202012Validator(schema).iter_errors({"s": None})))')
+
+def test_a_schema_that_branches_without_end_is_a_bounded_refusal():
+    """A server's schema whose `$ref`s branch 2**40 ways: an argument that fits no branch is refused in one line within
+    the tool's timeout, and one that fits passes. The control: jsonschema alone has not finished in that time."""
+    schema = _branching(40)
+    tool = Tool.from_spec(dict(name='echo', parameters=schema, call=lambda args: 'ran', timeout=2))
+    t0 = time.monotonic()
+    refused = tool.call({'s': None})
+    assert time.monotonic() - t0 < tool.timeout + 0.5, refused
+    assert refused.startswith('error: invalid arguments for echo: checking them against the schema took more'), refused
+    assert tool.call({'s': 'fits'}) == 'ran'
+    assert Tool.from_spec(dict(name='e', parameters=_branching(3), call=None)).invalid({'s': None}).endswith(
+        'None is not valid under any of the given schemas')   # a shallow one is still checked to the end
+    assert _still_checking_after(tool.timeout, BRANCHING_CHECK, json.dumps(schema))
+
+LETTERS = {'type': 'object', 'required': ['n'],
+           'properties': {'s': {'type': 'string', 'pattern': r'^\p{L}+$'}, 'n': {'type': 'integer'}}}
+
+def test_a_pattern_regex_reads_but_re_does_not_keeps_the_schema(caplog):
+    """A server's pattern `\\p{L}` (ECMA-262; `re` refuses it): the schema still checks the arguments, the pattern and the
+    rest (a missing `n`); a pattern no engine reads is still 'not a JSON schema'. The control: jsonschema's own schema
+    check, by `re`, refuses the schema, which the tool once read as 'any object' and let every argument through."""
+    tool = Tool.from_spec(dict(name='echo', parameters=LETTERS, call=lambda args: 'ran'))
+    assert tool.call({'s': 'Zürich', 'n': 1}) == 'ran'
+    assert tool.call({'s': '42', 'n': 1}).startswith("error: invalid arguments for echo: s: '42' does not match")
+    assert tool.call({'s': 'abc'}) == "error: invalid arguments for echo: arguments: 'n' is a required property"
+    assert not [r for r in caplog.records if 'not a JSON schema' in r.getMessage()]
+    broken = Tool.from_spec(dict(name='b', parameters={'properties': {'s': {'pattern': '('}}}, call=lambda a: 'ran'))
+    assert broken.call({'s': 'x'}) == 'ran' and 'not a JSON schema' in caplog.records[-1].getMessage()
+    import jsonschema
+    with pytest.raises(jsonschema.SchemaError, match="is not a 'regex'"):   # the control
+        jsonschema.Draft202012Validator.check_schema(LETTERS)

@@ -304,6 +304,23 @@ def test_copy_back_drops_setuid_setgid_and_sticky_bits():
         assert {f: stat.S_IMODE(os.lstat(os.path.join(d, f)).st_mode) for f in 'ugt'} == \
                {'u': 0o755, 'g': 0o755, 't': 0o777}
 
+def _special(folder, names):
+    return {n: stat.S_IMODE(os.lstat(os.path.join(folder, n)).st_mode) & 0o7000 for n in names}
+
+@needs_bwrap
+def test_written_in_place_setuid_setgid_and_sticky_bits_go_too(open_folder):
+    """Without the quota the sandbox writes in the named folder itself: a setuid copy of python3 it leaves there would
+    let any local user act as the sandbox's uid; after close no file or folder of the run has those bits. The control:
+    until close, the host's copy has them."""
+    sb = BwrapSandbox(Limits(wall_s=20), workdir=str(open_folder), without={'disk quota'})
+    r = sb.run(['sh', '-c', 'cp /usr/bin/python3 u && chmod 4755 u && cp u g && chmod 2755 g && mkdir t && '
+                            'chmod 1777 t'])
+    assert r.ok, r
+    assert _special(open_folder, 'ugt') == {'u': 0o4000, 'g': 0o2000, 't': 0o1000}   # the control
+    sb.close()
+    assert _special(open_folder, 'ugt') == {'u': 0, 'g': 0, 't': 0}
+    assert os.access(open_folder / 'u', os.X_OK) and (open_folder / 't').is_dir()   # the rest of the mode is kept
+
 @needs_bwrap
 def test_an_exit_status_above_the_signals_is_the_commands_own():
     "`exit 200` is status 200; a command killed by SIGKILL is -9 (bwrap reports both as numbers above 128)."

@@ -437,14 +437,22 @@ class Workspace:
             if self.quota: _unmount(self.path)
             if self.path != self.origin: remove_tree(self.path)
 
+def _special_bits(e):
+    """Whether the file or folder `e` is setuid, setgid or sticky: written in place by the sandbox's uid (nobody, for
+    root), a setuid copy of python3 lets any local user act as that uid, in every other sandbox's workspace too."""
+    return not e.is_symlink() and not _odd(e) and bool(e.stat(follow_symlinks=False).st_mode & 0o7000)
+
 def _tidy_in_place(folder, own_links, own_odd):
     """What the copy back leaves behind, removed from a named folder the sandbox wrote in directly (no quota): links
-    that lead out of it (`_LinkRule`) and fifos, sockets and devices it did not hold before; one warning line each."""
+    that lead out of it (`_LinkRule`) and fifos, sockets and devices it did not hold before; one warning line each.
+    Setuid, setgid and sticky bits are dropped, as the copy back drops them (`_plain_mode`)."""
     rule, odd = _LinkRule(folder, folder, own_links), []
     for rel, e in list(_entries(folder)):   # listed first: what is removed is not walked
         if (e.is_symlink() and not rule.allows(rel)) or (_odd(e) and rel not in own_odd):
             if _odd(e): odd.append(rel)
             with contextlib.suppress(OSError): os.unlink(e.path)
+        elif _special_bits(e):
+            with contextlib.suppress(OSError): _plain_mode(e.path)
     rule.warn('were removed')
     if odd: _log.warning('sandbox workdir %s: %d fifo(s), socket(s) or device(s) the run left were removed (the '
                          'first: %s)', folder, len(odd), odd[0])

@@ -1,5 +1,5 @@
 "The agent sandbox: the escape suite per backend (printed as N/N blocked), its controls, the workspace quota, the CLI."
-import contextlib, errno, io, os, pathlib, shutil, stat, subprocess, tempfile, time
+import contextlib, errno, io, os, pathlib, shutil, stat, subprocess, sys, tempfile, time
 import pytest
 from apex3.usage import UsageError, run_command
 from apex3.agent.sandbox import (_plain, BwrapSandbox, DockerSandbox, Limits, Workspace, bwrap_argv, get_sandbox,
@@ -424,3 +424,33 @@ def test_no_path_the_run_leaves_resolves_outside_the_folder(open_folder, caplog,
     if 'disk quota' not in without: assert os.lstat(folder / 'hard').st_nlink == 1
     lines = [r.getMessage() for r in caplog.records if str(folder) in r.getMessage()]
     assert len(lines) == (1 if without == () else 2) and 'link(s) the run left resolve outside it' in lines[0], lines
+
+CHAINED_LINKS = ('mkdir d; p=d; for i in $(seq 200); do '
+                 't=$(printf "d/../%.0s" $(seq 400))$p; ln -s "$t" l$i; p=l$i; done')
+UNBOUNDED_WALK = ('import os, sys\n'
+                  'from apex3.agent.sandbox import _walk_link\n'
+                  'top = sys.argv[1]\n'
+                  'for n in sorted(os.listdir(top)):\n'
+                  '    if n.startswith("l"): _walk_link(top, n, top, {}, budget=[10**12])\n')
+
+@needs_bwrap
+@needs_root
+def test_links_chained_without_end_do_not_hold_the_copy_back(open_folder, caplog):
+    """A run leaves 200 links, each a target of 800 parts (`d/../` 400 times) ending in the one before: walking every
+    chain to its 40 hops is millions of path parts. The copy back takes under 3 s, leaves no path resolving outside
+    the folder, and its warning says that links past the check's budget were dropped. The control: the same walk
+    without a budget, in a process of its own, is still walking when those 3 s are up."""
+    sb = BwrapSandbox(Limits(wall_s=60, disk_mb=64), workdir=str(open_folder))
+    assert sb.run(['sh', '-c', CHAINED_LINKS]).ok
+    tree = tempfile.mkdtemp()
+    shutil.copytree(sb.workdir, tree, symlinks=True, dirs_exist_ok=True)
+    t0 = time.monotonic()
+    sb.close()
+    assert time.monotonic() - t0 < 3
+    assert _leads_outside(open_folder) == []
+    assert any('past what the check walks' in r.getMessage() for r in caplog.records)
+    walk = subprocess.Popen([sys.executable, '-c', UNBOUNDED_WALK, tree])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired): walk.wait(timeout=3)   # the control: still walking
+    finally:
+        walk.kill(); walk.wait(); shutil.rmtree(tree)

@@ -38,7 +38,9 @@ class Texts:
         self.controls = re.compile('(' + '|'.join(map(re.escape, added)) + ')') if added else None
         if self.controls: self.plain = _plain_copy(self.raw)
 
-    def encode(self, text) -> list: return self.raw.encode(text).ids if self.hf else list(self.tok.encode(text))
+    def encode(self, text) -> list:
+        "The ids of `text`; `encode_batch` lets go of the interpreter lock, so a thread encoding holds up no other."
+        return self.raw.encode_batch([text])[0].ids if self.hf else list(self.tok.encode(text))
 
     def defang(self, x):
         """`x` (a client's JSON: messages, tools) with each control token's text in its strings broken by `_MARK`
@@ -57,9 +59,11 @@ class Texts:
         if self.controls is None: return self.encode(text)
         from tokenizers import Encoding
         pieces = self.controls.split(text)   # plain text, a control token, plain text, ...: the pattern captures
-        encs = [self.raw.encode(p, add_special_tokens=False) if i % 2 else
-                self.plain.encode(p.replace(_MARK, ''), add_special_tokens=False) for i, p in enumerate(pieces) if p]
-        return self.raw.post_process(Encoding.merge(encs, growing_offsets=True)).ids
+        parts = [(self.raw, p) if i % 2 else (self.plain, p.replace(_MARK, '')) for i, p in enumerate(pieces) if p]
+        encs = {tk: iter(tk.encode_batch([p for t, p in parts if t is tk], add_special_tokens=False))
+                for tk in (self.raw, self.plain)}
+        merged = Encoding.merge([next(encs[tk]) for tk, _ in parts], growing_offsets=True)
+        return self.raw.post_process(merged).ids
     def decode(self, ids, specials=False) -> str:
         return self.raw.decode(ids, skip_special_tokens=not specials) if self.hf else self.tok.decode(ids)
     def token_id(self, text): return self.raw.token_to_id(text) if self.hf else None
@@ -510,7 +514,7 @@ class ChatTurn:
 async def completions(srv, body):
     "`POST /v1/completions`: continue each prompt; `echo` and `logprobs` give the prompt's log-probabilities too."
     params = parse_params(body, srv.batcher.max_len)
-    prompts = parse_prompts(body, srv.texts.encode, srv.batcher.vocab)
+    prompts = await asyncio.to_thread(parse_prompts, body, srv.texts.encode, srv.batcher.vocab)   # see `Texts.encode`
     for ids in prompts: srv.batcher.check(ids, params)
     stops = set() if params.ignore_eos else {srv.eos}
     decode = lambda ids: srv.texts.decode(ids)
@@ -552,7 +556,7 @@ async def chat(srv, body):
                              template=srv.template)
     except TemplateError as e: raise BadRequest(f'the messages do not fit the chat template: {e}', param='messages')
     except RecursionError: raise BadRequest('the messages or tools are nested too deep', param='messages') from None
-    ids = srv.texts.encode_prompt(prompt)
+    ids = await asyncio.to_thread(srv.texts.encode_prompt, prompt)   # off the event loop: see `Texts.encode`
     room = srv.batcher.max_len - len(ids)
     if room < 1: raise BadRequest(f'the conversation is {len(ids)} tokens; this server holds {srv.batcher.max_len}',
                                   param='messages')

@@ -645,3 +645,31 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_off(demo, monkeypatch):
     plain = serve_mod.JSONResponse
     monkeypatch.setattr(serve_mod, 'JSONResponse', lambda content, status=200, headers=None: plain(content, status))
     assert slow(0.5)[::2] == (408, False)
+
+
+@pytest.mark.parametrize('protected', [True, False])
+def test_a_long_prompt_is_encoded_off_the_event_loop(server, monkeypatch, protected):
+    """A chat of nearly a megabyte of words no cache has seen takes a good part of a second to encode; meanwhile
+    `GET /v1/models` answers at once, as the encoding runs on a thread that lets go of the interpreter lock. The
+    control, the same encoding awaited in place on the event loop, holds the models request until it is done."""
+    import asyncio, random, httpx2
+    from apex3.serve import MAX_BODY
+    srv, _, url = server
+    if not protected:
+        async def in_place(fn, *args): return fn(*args)
+        monkeypatch.setattr(asyncio, 'to_thread', in_place)
+    rng = random.Random(0)
+    words = ' '.join(''.join(rng.choice('abcdefghij') for _ in range(rng.randint(3, 9))) for _ in range(140_000))
+    body = json.dumps({'model': 'demo', 'messages': [{'role': 'user', 'content': words}], 'max_tokens': 1})
+    assert len(body) < MAX_BODY
+    t0 = time.perf_counter()
+    srv.texts.encode_prompt(render_chat([{'role': 'user', 'content': words}], add_generation_prompt=True))
+    encoding = time.perf_counter() - t0
+    with cf.ThreadPoolExecutor(1) as ex:
+        chat = ex.submit(_post, f'{url}/chat/completions', body)
+        time.sleep(0.15 * encoding)   # the chat is being encoded now
+        t0 = time.perf_counter()
+        assert httpx2.get(f'{url}/models', timeout=60).status_code == 200
+        waited = time.perf_counter() - t0
+        assert chat.result()[0] == 400   # far longer than this server's 512 tokens: refused, once encoded
+    assert (waited < 0.2 * encoding) if protected else (waited > 0.4 * encoding), (waited, encoding)

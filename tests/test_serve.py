@@ -672,4 +672,4 @@ def test_a_long_prompt_is_encoded_off_the_event_loop(server, monkeypatch, protec
         assert httpx2.get(f'{url}/models', timeout=60).status_code == 200
         waited = time.perf_counter() - t0
         assert chat.result()[0] == 400   # far longer than this server's 512 tokens: refused, once encoded
-    assert (waited < 0.2 * encoding) if protected else (waited > 0.4 * encoding), (waited, encoding)
+    assert (waited < 0.3 * encoding) if protected else (waited > 0.5 * encoding), (waited, encoding)

@@ -1913,6 +1913,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'apex3.serve_requests._field': ('serve_requests.html#_field', 'apex3/serve_requests.py'),
                                       'apex3.serve_requests._finite': ('serve_requests.html#_finite', 'apex3/serve_requests.py'),
                                       'apex3.serve_requests._tool_calls': ('serve_requests.html#_tool_calls', 'apex3/serve_requests.py'),
+                                      'apex3.serve_requests.error_body': ('serve_requests.html#error_body', 'apex3/serve_requests.py'),
                                       'apex3.serve_requests.parse_messages': ( 'serve_requests.html#parse_messages',
                                                                                'apex3/serve_requests.py'),
                                       'apex3.serve_requests.parse_params': ('serve_requests.html#parse_params', 'apex3/serve_requests.py'),

@@ -19,7 +19,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from .agent.chat import CHAT_TEMPLATE, StreamParser, held_back, render_chat
 from .generate_cli import DEVICE_HELP
-from .serve_requests import MAX_BODY, BadRequest, Params, parse_messages, parse_params, parse_prompts, parse_tools
+from .serve_requests import (MAX_BODY, BadRequest, Params, error_body, parse_messages, parse_params,
+                                  parse_prompts, parse_tools)
 from .usage import ArgParser, UsageError, header_text, in_range, run_command
 
 _log = logging.getLogger('apex3.serve')
@@ -446,15 +447,14 @@ class Server:
 
     @staticmethod
     def _stream_error(message) -> str:
-        return json.dumps({'error': {'message': message, 'type': 'server_error', 'param': None, 'code': None}})
+        return json.dumps(error_body(message))
 
     async def _whole(self, head, choices, final, usage):
         parts = {}
         async for i, c, text, toks in choices:
             if c.error:   # the reply is this error whatever the request's other rows give: they stop now, not
                 await choices.aclose()   # decoded to their end for no one (their jobs cancelled, their rows freed)
-                return JSONResponse({'error': {'message': f'decoding failed: {c.error}', 'type': 'server_error',
-                                               'param': None, 'code': None}}, 500)
+                return JSONResponse(error_body(f'decoding failed: {c.error}'), 500)
             texts, entries = parts.setdefault(i, (c, [], []))[1:]
             texts.append(text)
             entries += toks
@@ -480,13 +480,11 @@ async def _unless_gone(request, work, every=0.25):
 async def _http_error(request, exc):
     "Starlette's own refusals (no such route, wrong method) as OpenAI-style JSON errors."
     kind = 'not_found_error' if exc.status_code == 404 else 'invalid_request_error'
-    return JSONResponse({'error': {'message': str(exc.detail), 'type': kind, 'param': None, 'code': None}},
-                        exc.status_code)
+    return JSONResponse(error_body(str(exc.detail), kind), exc.status_code)
 
 async def _server_error(request, exc):
     _log.error(f'{request.url.path}: {type(exc).__name__}: {exc}')
-    return JSONResponse({'error': {'message': 'internal error', 'type': 'server_error', 'param': None, 'code': None}},
-                        500)
+    return JSONResponse(error_body('internal error'), 500)
 
 class ChatTurn:
     "One choice of a chat reply: its text through the chat chapter's streaming parser, to content and tool calls."

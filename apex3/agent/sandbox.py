@@ -194,29 +194,25 @@ def _plain(path):
     mode = os.lstat(path).st_mode
     return stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)
 
-def tree_mb(folder, blocks=True):
-    "MiB the files under `folder` take on disk (`blocks`) or would take once copied (links not followed)."
-    total, todo = 0, [folder]
-    while todo:   # a loop, not os.walk: Python 3.11's recursion overflows on a tree the sandbox made 1,000 deep
-        try: entries = list(os.scandir(todo.pop()))
-        except OSError: continue   # as os.walk: a folder it cannot list adds nothing
-        for e in entries:
-            if e.is_dir(follow_symlinks=False): todo.append(e.path)
-            else:
-                st = e.stat(follow_symlinks=False)
-                total += st.st_blocks * 512 if blocks else st.st_size * stat.S_ISREG(st.st_mode)
-    return total / (1 << 20)
-
 def _entries(folder):
-    "(path relative to `folder`, DirEntry) of everything under it, links never followed; a loop, as in `tree_mb`."
+    "(path relative to `folder`, DirEntry) of everything under it, links never followed."
     todo = ['']
-    while todo:
+    while todo:   # a loop, not os.walk: Python 3.11's recursion overflows on a tree the sandbox made 1,000 deep
         rel = todo.pop()
         try: entries = list(os.scandir(os.path.join(folder, rel)))
-        except OSError: continue
+        except OSError: continue   # as os.walk: a folder it cannot list holds nothing
         for e in entries:
             yield os.path.join(rel, e.name), e
             if e.is_dir(follow_symlinks=False): todo.append(os.path.join(rel, e.name))
+
+def tree_mb(folder, blocks=True):
+    "MiB the files under `folder` take on disk (`blocks`) or would take once copied (links not followed)."
+    total = 0
+    for _, e in _entries(folder):
+        if e.is_dir(follow_symlinks=False): continue
+        st = e.stat(follow_symlinks=False)
+        total += st.st_blocks * 512 if blocks else st.st_size * stat.S_ISREG(st.st_mode)
+    return total / (1 << 20)
 
 def _odd(e):
     "A fifo, socket or device: nothing a copy carries, and a host tool that opens a fifo waits for ever."

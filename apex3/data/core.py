@@ -327,9 +327,9 @@ def _orphans(stage) -> list:
     out = []
     for m in sorted((Path(stage.out)/'.done').glob('*.json')):
         if m.stem in names: continue
-        try: rec = json.loads(m.read_text())
-        except (OSError, ValueError): continue  # not a marker this code wrote: none of this stage's business
-        if isinstance(rec, dict) and rec.get('stage') == stage.name: out.append(m)
+        try: rec = read_marker(m)   # None: not a marker this code wrote, none of this stage's business
+        except OSError: continue
+        if rec is not None and rec.get('stage') == stage.name: out.append(m)
     return out
 
 def _remove_task_outputs(stage, marker: Path):

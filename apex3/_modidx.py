@@ -488,6 +488,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'apex3.data.core._progress_bar': ('data.html#_progress_bar', 'apex3/data/core.py'),
                                  'apex3.data.core._remove_task_outputs': ('data.html#_remove_task_outputs', 'apex3/data/core.py'),
                                  'apex3.data.core._run_and_report': ('data.html#_run_and_report', 'apex3/data/core.py'),
+                                 'apex3.data.core._taken': ('data.html#_taken', 'apex3/data/core.py'),
                                  'apex3.data.core._watch_parent': ('data.html#_watch_parent', 'apex3/data/core.py'),
                                  'apex3.data.core._worker_init': ('data.html#_worker_init', 'apex3/data/core.py'),
                                  'apex3.data.core.atomic_write_bytes': ('data.html#atomic_write_bytes', 'apex3/data/core.py'),

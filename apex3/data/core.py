@@ -439,11 +439,17 @@ def _progress_bar(total, desc, quiet):
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=desc, disable=quiet, leave=False)
 
+def _taken(pop):
+    "What `pop` takes from a deque another thread also takes from, or None once it is empty."
+    try: return pop()
+    except IndexError: return None
+
 class LocalExecutor(Executor):
     """Run a stage's unfinished tasks in this process and a pool of `workers - 1` processes (this one alone when
     `workers == 1`); one pool for every stage."""
     def __init__(self, workers=1, progress=True, workers_die_with_parent=True, restart=False):
-        self.workers, self.progress, self._pool, self.die = workers, progress, None, workers_die_with_parent
+        self.workers, self.progress, self.die = workers, progress, workers_die_with_parent
+        self._pool = self._feeder = None
         self.restart = restart  # redo tasks finished with other parameters or inputs, rather than refuse them
         self._started, self._running = None, {}
     def pool(self):
@@ -454,6 +460,9 @@ class LocalExecutor(Executor):
             self._started, self._running = ctx.SimpleQueue(), {}
             self._pool = cf.ProcessPoolExecutor(self.workers - 1, mp_context=ctx, initializer=_worker_init,
                                                 initargs=(os.getpid(), self._started, self.die))
+            # the thread that hands the pool its tasks starts its processes, and the kernel's parent-death signal
+            # follows the thread that started a process: it lives as long as the pool
+            self._feeder = cf.ThreadPoolExecutor(1, thread_name_prefix='apex3-feeder')
         return self._pool
     def _drain(self) -> dict:
         "{worker pid: (stage name, task)} of the task each worker started last."
@@ -464,26 +473,36 @@ class LocalExecutor(Executor):
     def close(self):
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
-            self._pool = None
+            self._feeder.shutdown()
+            self._pool = self._feeder = None
             self._started.close()
             self._started = None
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
     def _share(self, stage, todo: list, bar):
-        "Run `todo` here, from its end, and on the pool, from its front: each pool worker busy and one task queued."
+        """Run `todo` here, from its end, and on the pool, from its front. A thread hands each pool worker its next task
+        as it ends one, while this thread runs its own: a task queued behind a busy worker would leave this process
+        idle at the stage's end, and one handed over only between this process's tasks would leave the worker idle."""
         import collections, concurrent.futures as cf
-        todo, running, pool = collections.deque(todo), set(), self.pool()
-        while todo or running:
-            while todo and len(running) < 2 * (self.workers - 1):
-                running.add(pool.submit(_run_and_report, stage, todo.popleft()))
-            if todo:
-                run_task(stage, todo.pop())
+        todo, pool = collections.deque(todo), self.pool()
+        def feed():
+            running = set()
+            while True:
+                while len(running) < self.workers - 1 and (i := _taken(todo.popleft)) is not None:
+                    running.add(pool.submit(_run_and_report, stage, i))
+                if not running: return
+                done, running = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                self._drain()  # keeps the queue's pipe from filling
+                for f in done:
+                    f.result()
+                    bar.update()
+        fed = self._feeder.submit(feed)
+        try:
+            while not fed.done() and (i := _taken(todo.pop)) is not None:
+                run_task(stage, i)
                 bar.update()
-            done, running = cf.wait(running, timeout=0 if todo else None, return_when=cf.FIRST_COMPLETED)
-            self._drain()  # keeps the queue's pipe from filling
-            for f in done:
-                f.result()
-                bar.update()
+            fed.result()
+        finally: todo.clear()  # after a failure here the feeder starts no more tasks
     def run_tasks(self, stage) -> list:
         import concurrent.futures as cf
         todo = _pending(stage, self.restart)

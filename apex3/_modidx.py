@@ -481,6 +481,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'apex3.data.core._NoBar': ('data.html#_nobar', 'apex3/data/core.py'),
                                  'apex3.data.core._NoBar.close': ('data.html#_nobar.close', 'apex3/data/core.py'),
                                  'apex3.data.core._NoBar.update': ('data.html#_nobar.update', 'apex3/data/core.py'),
+                                 'apex3.data.core._end_at_once': ('data.html#_end_at_once', 'apex3/data/core.py'),
                                  'apex3.data.core._floats': ('data.html#_floats', 'apex3/data/core.py'),
                                  'apex3.data.core._how_it_ended': ('data.html#_how_it_ended', 'apex3/data/core.py'),
                                  'apex3.data.core._orphans': ('data.html#_orphans', 'apex3/data/core.py'),

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/50_data.ipynb #d00d04b9
 from __future__ import annotations
-import errno, io, json, logging, math, os, re, threading, time, glob, tempfile, sysconfig
+import errno, io, json, logging, math, os, re, sys, threading, time, glob, tempfile, sysconfig
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -395,14 +395,23 @@ def keep_freed_memory(mmap_below=32 << 20, trim_above=256 << 20) -> bool:
 
 _NATIVE_POOLS = ('OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS')  # read once, when numpy is imported
 
+def _end_at_once():
+    """A pool worker's last act: end now, skipping the interpreter's teardown of its modules (numpy's among them:
+    about 40 ms that the pool's shutdown, and so every run, waits for). Its tasks have closed the files they wrote, and
+    multiprocessing has run its own exit handlers (its queues are flushed) before these."""
+    for f in (sys.stdout, sys.stderr): f.flush()
+    os._exit(0)
+
 def _worker_init(parent, started, die):
     """Pool worker initializer: keep the queue of started tasks and freed memory, native thread pools of one thread
-    (unless the environment names a size); with `die`, end when `parent` ends."""
+    (unless the environment names a size); with `die`, end when `parent` ends; at exit, end at once."""
+    import atexit
     global _STARTED
     _STARTED = started
     for k in _NATIVE_POOLS: os.environ.setdefault(k, '1')
     keep_freed_memory()
     if die: die_with_parent(parent)
+    atexit.register(_end_at_once)  # last: a worker whose start failed ends as usual, with its status
 
 def _run_and_report(stage, i):
     "`run_task` in a pool worker, telling the parent first which task this process starts."

@@ -76,7 +76,7 @@ def test_data_main_os_errors(monkeypatch, tmp_path):
     with pytest.raises(UsageError, match='Permission denied'): data_main(['run', 'x.toml'])  # control: a file's error
 
 # ---- resuming only what was done the same way; empty token shards; a step log over a data shard ----
-import os, random, shutil, subprocess, sys
+import os, random, shutil, subprocess, sys, time
 from pathlib import Path
 from apex3.data.pipeline import output_files
 
@@ -134,6 +134,30 @@ def test_a_changed_input_shard_is_refused(tmp_path):
     rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
     assert rc == 2 and 'input in/s1.jsonl.zst has changed' in one_line(err), err
     assert '1 finished task of stage c4 was done' in err
+
+def test_other_bytes_of_the_same_size_and_time_are_seen(tmp_path):
+    """An input shard given other bytes of the same size and its old modification time back (as `cp -p`, `rsync -t`
+    or `touch -d` leave it) is refused in one line: the status-change time, which no user can set back, makes it read.
+    The control: the same bytes with the old time back resume, and the record then holds the shard's new times (a
+    later run need not read it)."""
+    prose_shards(tmp_path/'in')
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out')[0] == 0
+    shard = tmp_path/'in'/'s1.jsonl.zst'
+    data, st = shard.read_bytes(), shard.stat()
+    def rewrite(b):
+        time.sleep(0.05)   # a later status-change time on a clock of coarse steps
+        shard.write_bytes(b)
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return shard.stat()
+    now = rewrite(data)
+    assert (now.st_size, now.st_mtime_ns) == (st.st_size, st.st_mtime_ns) and now.st_ctime_ns != st.st_ctime_ns
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out') == (0, '')   # the control: the same bytes
+    record = next((tmp_path/'out'/'.done'/'identity').glob('*.json'))
+    assert json.loads(record.read_text())['tasks']['s1']['in/s1.jsonl.zst'][:3] == [now.st_size, now.st_mtime_ns,
+                                                                                    now.st_ctime_ns]
+    rewrite(bytes(data[:-8]) + bytes(b ^ 1 for b in data[-8:]))
+    rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
+    assert rc == 2 and 'input in/s1.jsonl.zst has changed' in one_line(err), err
 
 def test_markers_of_an_earlier_version_are_refused(tmp_path):
     "Markers without an identity (written before markers recorded one) are refused in one line; --restart redoes them."

@@ -19,9 +19,10 @@ from .identity import (StaleTasks, identity_of, identity_path, marker_identity, 
 __all__ = ['ZST_MAX_RATIO', 'LOCK', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document',
            'without_surrogates', 'current_umask', 'atomic_write_bytes', 'write_jsonl_zst', 'DamagedFile', 'read_zst',
            'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage',
-           'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs',
-           'MapStage', 'FolderBusy', 'holding', 'Executor', 'remove_stale_temps', 'die_with_parent', 'WorkerDied',
-           'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
+           'marker_path', 'is_done', 'run_task', 'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards',
+           'write_task_outputs', 'MapStage', 'FolderBusy', 'holding', 'Executor', 'remove_stale_temps',
+           'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor',
+           'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -256,6 +257,17 @@ def run_task(stage, i, restart=False) -> dict:
     atomic_write_bytes(m, json.dumps(rec).encode())
     return rec
 
+def refresh_record(stage) -> bool:
+    """Write `stage`'s identity record again where it is not what the stage has now: its inputs' times changed and
+    their bytes did not (the same digest names it), or it is damaged; whether it was written. A later run then reads
+    those files no more."""
+    ident = identity_of(stage)
+    path, now = identity_path(stage, ident['record']), json.dumps(ident['ident']).encode()
+    try: same = json.loads(path.read_bytes()) == json.loads(now)
+    except (OSError, ValueError): same = False
+    if not same: atomic_write_bytes(path, now)
+    return not same
+
 def tasks_for_rank(n_tasks, rank, world): return [i for i in range(n_tasks) if i % world == rank]
 
 def run_rank(stage, rank=0, world=1, restart=False) -> list:
@@ -324,10 +336,11 @@ def holding(folder):
 
 class Executor:
     """What every executor does around a stage: hold its output folder while `run_tasks` runs the stage's tasks, then
-    delete the identity records that no marker names any more."""
+    bring its identity record up to date and delete the records that no marker names any more."""
     def run(self, stage) -> list:
         with holding(stage.out):
             recs = self.run_tasks(stage)
+            if stage.n_tasks(): refresh_record(stage)
             remove_unused_records(stage.out)
             return recs
 

@@ -86,14 +86,20 @@ def _files_of(path: str, out: str) -> list:
             files += [os.path.join(d, f) for f in sorted(fs) if not f.startswith('.')]
     return files
 
-_DIGESTS = {}  # {(path, size, mtime_ns): digest}: the stages of one run read the same files (dedup: three times)
+def _stat_key(st) -> tuple:
+    """What says a file is unchanged without reading it: its size, its modification time, and its status-change time,
+    which every write sets and no user can set back (`touch -d`, `cp -p`, `rsync -t` and `tar` restore the first two
+    only)."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+_DIGESTS = {}  # {(path, *_stat_key): digest}: the stages of one run read the same files (dedup: three times)
 
 def _file_digest(path, st) -> str:
     """XXH3-128 of a file's bytes (read in blocks) whose `os.stat` is `st`, once per process for an unchanged file.
     It tells a changed input from the same one, as a build tool does; it is no defence against forgery (whoever can
     write the inputs can write the markers too), and SHA-256 would cost a stage a tenth of a second per 200 MB."""
     import xxhash
-    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    key = (os.path.abspath(path), *_stat_key(st))
     if key not in _DIGESTS:
         h = xxhash.xxh3_128()
         with open(path, 'rb') as f:
@@ -102,11 +108,12 @@ def _file_digest(path, st) -> str:
     return _DIGESTS[key]
 
 def _is_entry(v) -> bool:
-    "Whether `v` reads as a recorded input, [size, mtime_ns, digest]: a hand-edited record may hold anything."
-    return isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v[:2]) and isinstance(v[2], str)
+    """Whether `v` reads as a recorded input, [size, mtime_ns, ctime_ns, digest] ([size, mtime_ns, digest] in a record
+    of an earlier version, whose files are then read once more): a hand-edited record may hold anything."""
+    return isinstance(v, list) and len(v) in (3, 4) and all(type(x) is int for x in v[:-1]) and isinstance(v[-1], str)
 
 def _known_digests(stage) -> dict:
-    "{input: (size, mtime_ns, digest)} from the identities recorded beside the markers: an unchanged file is not read."
+    "{input: (size, times..., digest)} from the identities recorded beside the markers: an unchanged file is not read."
     known = {}
     for p in sorted((Path(stage.out)/'.done'/'identity').glob('*.json')):
         try:
@@ -125,11 +132,11 @@ def _task_shards(stage):
 def stage_identity(stage) -> dict:
     """What a stage's finished tasks depend on: its name, its parameters (its public attributes and those of its
     steps, flattened to dotted keys), the files of the inputs it declares (`declared_inputs`) as
-    [size, mtime_ns, digest of the bytes] named relative to the folder above `out` where they really are (a project
-    moved whole keeps its identity, and an input reached through a link is the same input), and, for a map over
-    shards, each task's own shard.
+    [size, mtime_ns, ctime_ns, digest of the bytes] named relative to the folder above `out` where they really are
+    (a project moved whole keeps its identity, and an input reached through a link is the same input), and, for a map
+    over shards, each task's own shard.
     Only size and content count: an input rewritten with the same bytes (its stage redone) leaves the stages after it
-    finished; the time only spares reading an unchanged file again."""
+    finished; the times only spare reading an unchanged file again (`_stat_key`)."""
     attrs = {k: v for k, v in vars(stage).items() if not k.startswith('_') and k not in NOT_PARAMETERS}
     declared, shards = declared_inputs(stage), _task_shards(stage)
     paths = [p for ps in declared.values() for p in ps]
@@ -144,8 +151,8 @@ def stage_identity(stage) -> dict:
     def entry(f):   # named where it really is: an input reached through a link is the same input
         st, rel = os.stat(f), os.path.relpath(os.path.realpath(f), base)
         k = known.get(rel)
-        same = k is not None and k[:2] == (st.st_size, st.st_mtime_ns)
-        return rel, [st.st_size, st.st_mtime_ns, k[2] if same else _file_digest(f, st)]
+        same = k is not None and k[:-1] == _stat_key(st)
+        return rel, [*_stat_key(st), k[-1] if same else _file_digest(f, st)]
     inputs = dict(sorted(entry(f) for p in paths for f in _files_of(p, stage.out)))
     tasks = {} if shards is None else {stage.task_name(i): dict([entry(f)]) for i, f in enumerate(shards)}
     missing = sorted(os.path.relpath(os.path.realpath(p), base) for p in paths if not os.path.exists(p)
@@ -153,7 +160,7 @@ def stage_identity(stage) -> dict:
     return dict(stage=stage.name, params=params, inputs=inputs, missing=missing, tasks=tasks)
 
 # %% ../../nbs/50b_identity.ipynb #2b1765c9
-def _content(files: dict) -> dict: return {f: [v[0], v[2]] for f, v in files.items()}  # size and digest, not time
+def _content(files: dict) -> dict: return {f: [v[0], v[-1]] for f, v in files.items()}  # size and digest, not times
 
 def identity_of(stage) -> dict:
     """`stage`'s identity ('ident'), the digest it is recorded under ('record') and each task's digest ('tasks'),

@@ -76,7 +76,7 @@ def test_data_main_os_errors(monkeypatch, tmp_path):
     with pytest.raises(UsageError, match='Permission denied'): data_main(['run', 'x.toml'])  # control: a file's error
 
 # ---- resuming only what was done the same way; empty token shards; a step log over a data shard ----
-import os, random, shutil, subprocess, sys
+import os, random, shutil, subprocess, sys, time
 from pathlib import Path
 from apex3.data.pipeline import output_files
 
@@ -135,6 +135,30 @@ def test_a_changed_input_shard_is_refused(tmp_path):
     assert rc == 2 and 'input in/s1.jsonl.zst has changed' in one_line(err), err
     assert '1 finished task of stage c4 was done' in err
 
+def test_other_bytes_of_the_same_size_and_time_are_seen(tmp_path):
+    """An input shard given other bytes of the same size and its old modification time back (as `cp -p`, `rsync -t`
+    or `touch -d` leave it) is refused in one line: the status-change time, which no user can set back, makes it read.
+    The control: the same bytes with the old time back resume, and the record then holds the shard's new times (a
+    later run need not read it)."""
+    prose_shards(tmp_path/'in')
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out')[0] == 0
+    shard = tmp_path/'in'/'s1.jsonl.zst'
+    data, st = shard.read_bytes(), shard.stat()
+    def rewrite(b):
+        time.sleep(0.05)   # a later status-change time on a clock of coarse steps
+        shard.write_bytes(b)
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+        return shard.stat()
+    now = rewrite(data)
+    assert (now.st_size, now.st_mtime_ns) == (st.st_size, st.st_mtime_ns) and now.st_ctime_ns != st.st_ctime_ns
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out') == (0, '')   # the control: the same bytes
+    record = next((tmp_path/'out'/'.done'/'identity').glob('*.json'))
+    assert json.loads(record.read_text())['tasks']['s1']['in/s1.jsonl.zst'][:3] == [now.st_size, now.st_mtime_ns,
+                                                                                    now.st_ctime_ns]
+    rewrite(bytes(data[:-8]) + bytes(b ^ 1 for b in data[-8:]))
+    rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
+    assert rc == 2 and 'input in/s1.jsonl.zst has changed' in one_line(err), err
+
 def test_markers_of_an_earlier_version_are_refused(tmp_path):
     "Markers without an identity (written before markers recorded one) are refused in one line; --restart redoes them."
     prose_shards(tmp_path/'in')
@@ -169,6 +193,69 @@ def test_damaged_markers_and_records_are_refused_in_one_line(tmp_path):
         (tmp_path/'out'/'.done'/'identity'/f"{rec['record']}.json").write_text(damage)
         rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
         assert rc == 2 and 'parameters and inputs not recorded here' in one_line(err), (damage, err)
+
+def test_a_parameter_naming_a_file_is_no_input(tmp_path):
+    """A step's parameter that names an existing file is its text, not an input of the stage: changing that file
+    leaves the finished tasks finished (exit 0, nothing printed). The control: changing a real input shard is refused
+    in one line."""
+    prose_shards(tmp_path/'in')
+    note = tmp_path/'README.md'
+    note.write_text('first')
+    run = lambda: apex3('data', 'redact', tmp_path/'in', tmp_path/'out', '--set', f'plugins=["{note}"]')
+    assert run()[0] == 0
+    note.write_text('second, longer')
+    assert run() == (0, '')
+    write_docs(tmp_path/'in'/'s1.jsonl.zst', [Document('new', 'one new document.')])
+    rc, err = run()
+    assert rc == 2 and 'input in/s1.jsonl.zst has changed' in one_line(err), err
+
+def test_a_stage_setting_naming_a_folder_is_no_input(tmp_path, monkeypatch):
+    """The long-document stage's prefix (a source's name) is a parameter even where a folder of that name lies in the
+    current directory: its files are not hashed as inputs. The control: the stage's declared inputs are."""
+    from apex3.data.identity import stage_identity
+    from apex3.data.long import Long
+    prose_shards(tmp_path/'docs')
+    (tmp_path/'tokenizer.json').write_text('{}')
+    monkeypatch.chdir(tmp_path)
+    ident = stage_identity(Long('docs', tmp_path/'long', 'tokenizer.json', prefix='docs'))
+    assert ident['params']['prefix'] == 'docs' and list(ident['inputs']) == ['tokenizer.json'], ident['inputs']
+    assert sorted(ident['tasks']) == ['docs-s0', 'docs-s1', 'docs-s2']
+
+def test_a_folder_where_a_marker_belongs(tmp_path):
+    """A folder in place of a task's completion marker is refused in one line (exit 2); --restart removes it when it
+    is empty and redoes the task to what a fresh OUT holds, and refuses in one line, deleting nothing, when it holds
+    files. The control: the same OUT with the marker a file resumes, nothing printed."""
+    prose_shards(tmp_path/'in')
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'fresh')[0] == 0
+    shutil.copytree(tmp_path/'fresh', tmp_path/'out')
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out') == (0, '')
+    marker = tmp_path/'out'/'.done'/'s0.json'
+    marker.unlink()
+    (marker/'notes').mkdir(parents=True)
+    (marker/'notes'/'mine.txt').write_text('mine')
+    rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
+    assert rc == 2 and '(s0.json is a folder, no marker this code wrote)' in one_line(err), err
+    rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out', '--restart')
+    assert rc == 2 and 's0.json is a folder with files in it' in one_line(err), err
+    assert (marker/'notes'/'mine.txt').read_text() == 'mine'
+    shutil.rmtree(marker/'notes')
+    assert apex3('data', 'c4', tmp_path/'in', tmp_path/'out', '--restart')[0] == 0
+    assert marker.is_file() and output_files(tmp_path/'out') == output_files(tmp_path/'fresh')
+
+def test_identity_records_no_marker_names_are_removed(tmp_path):
+    """Three runs with --restart and other parameters leave one identity record, the one the markers name. The
+    control: a record that a marker still names is kept (a new shard's task, run with the others finished, names a
+    second one)."""
+    prose_shards(tmp_path/'in')
+    out = tmp_path/'out'
+    records = lambda: sorted(p.stem for p in (out/'.done'/'identity').glob('*.json'))
+    named = lambda: sorted({json.loads(m.read_text())['record'] for m in (out/'.done').glob('*.json')})
+    for n in (5, 3, 1):
+        assert apex3('data', 'c4', tmp_path/'in', out, '--set', f'min_sentences={n}', '--restart')[0] == 0
+    assert len(records()) == 1 and records() == named()
+    write_docs(tmp_path/'in'/'s3.jsonl.zst', [Document('new', 'one. two. three. four. five. six.')])
+    assert apex3('data', 'c4', tmp_path/'in', out, '--set', 'min_sentences=1')[0] == 0
+    assert len(records()) == 2 and records() == named()
 
 RUN_CONFIG = '''[pipeline]
 out = "{out}"

@@ -11,17 +11,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Iterable
 import orjson, zstandard
-from .identity import (StaleTasks, identity_of, identity_path, marker_identity, read_marker, stale_line,
-                                 task_identity)
+from .identity import (StaleTasks, identity_of, identity_path, marker_identity, read_marker,
+                                 remove_unused_records, stale_line, task_identity)
 
 
 # %% auto #0
 __all__ = ['ZST_MAX_RATIO', 'LOCK', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document',
            'without_surrogates', 'current_umask', 'atomic_write_bytes', 'write_jsonl_zst', 'DamagedFile', 'read_zst',
            'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage',
-           'marker_path', 'is_done', 'run_task', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs',
-           'MapStage', 'FolderBusy', 'holding', 'Executor', 'remove_stale_temps', 'die_with_parent', 'WorkerDied',
-           'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
+           'marker_path', 'is_done', 'run_task', 'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards',
+           'write_task_outputs', 'MapStage', 'FolderBusy', 'holding', 'Executor', 'remove_stale_temps',
+           'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor',
+           'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -211,6 +212,7 @@ class Stage:
     "A unit of pipeline work split into `n_tasks()` independent tasks; `run(i)` returns a counter dict."
     name = 'stage'
     out: str = '.'
+    input_attrs: tuple = ()  # the attributes naming its input files (chapter `50b_identity`); the rest are parameters
     def n_tasks(self) -> int: return 1
     def task_name(self, i) -> str: return f'{i:05d}'
     def run(self, i) -> dict: raise NotImplementedError
@@ -222,13 +224,29 @@ def is_done(stage, i) -> bool:
     m = marker_path(stage, i)
     return m.exists() and marker_identity(m)[0] == task_identity(stage, i)
 
-def run_task(stage, i) -> dict:
+def _remove_marker(m: Path):
+    """Delete the marker of a task `restart` redoes. A folder in its place goes only when empty: no marker is a folder,
+    so what one holds was put there by someone, and redoing a task is no reason to delete it (a `StaleTasks` says
+    so)."""
+    if not m.is_dir() or m.is_symlink(): return m.unlink()
+    try: m.rmdir()
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST): raise
+        raise StaleTasks(f'{m} is a folder with files in it where the completion marker of task {m.stem} belongs: '
+                         'move it away (its files are not this code\'s to delete), or write to a new output folder'
+                         ) from None
+
+def run_task(stage, i, restart=False) -> dict:
     """Run task `i` of `stage` unless it finished with the stage's current parameters and inputs; write the marker
     last, with the task's identity digest (the identity itself is written beside the markers, once). Returns the
-    marker's content."""
+    marker's content. A marker of other parameters or inputs, or a damaged one, is a `StaleTasks`, the executors' rule
+    for a single task; with `restart` the task is redone."""
     m, ident = marker_path(stage, i), identity_of(stage)
-    rec = read_marker(m) if m.exists() else None  # a damaged marker: the task is run again
-    if rec is not None and rec.get('identity') == task_identity(stage, i): return rec
+    if m.exists():
+        rec = read_marker(m)
+        if rec is not None and rec.get('identity') == task_identity(stage, i): return rec
+        if not restart: raise StaleTasks(stale_line(stage, 1, m))
+        _remove_marker(m)
     t0, cpu0 = time.perf_counter(), time.process_time()
     counts = dict(stage.run(i))
     rec = dict(stage=stage.name, task=stage.task_name(i), seconds=time.perf_counter()-t0,
@@ -239,11 +257,23 @@ def run_task(stage, i) -> dict:
     atomic_write_bytes(m, json.dumps(rec).encode())
     return rec
 
+def refresh_record(stage) -> bool:
+    """Write `stage`'s identity record again where it is not what the stage has now: its inputs' times changed and
+    their bytes did not (the same digest names it), or it is damaged; whether it was written. A later run then reads
+    those files no more."""
+    ident = identity_of(stage)
+    path, now = identity_path(stage, ident['record']), json.dumps(ident['ident']).encode()
+    try: same = json.loads(path.read_bytes()) == json.loads(now)
+    except (OSError, ValueError): same = False
+    if not same: atomic_write_bytes(path, now)
+    return not same
+
 def tasks_for_rank(n_tasks, rank, world): return [i for i in range(n_tasks) if i % world == rank]
 
-def run_rank(stage, rank=0, world=1) -> list:
-    "The rank contract: run (or skip, when finished) every task `i` of `stage` with `i % world == rank`."
-    return [run_task(stage, i) for i in tasks_for_rank(stage.n_tasks(), rank, world)]
+def run_rank(stage, rank=0, world=1, restart=False) -> list:
+    """The rank contract: run (or skip, when finished) every task `i` of `stage` with `i % world == rank`; a task
+    finished otherwise is a `StaleTasks`, or with `restart` redone."""
+    return [run_task(stage, i, restart) for i in tasks_for_rank(stage.n_tasks(), rank, world)]
 
 # %% ../../nbs/50_data.ipynb #ca37770e
 def list_shards(folder, pattern='*.jsonl.zst') -> list:
@@ -258,6 +288,7 @@ def write_task_outputs(out, shard_name, docs, ctx):
 
 class MapStage(Stage):
     "Run a chain of steps over every shard of `src`, writing the same-named shards into `out`."
+    input_attrs = ('src',)
     def __init__(self, name, src, out, steps):
         self.name, self.src, self.out, self.steps = name, str(src), str(out), list(steps)
         self._shards = None
@@ -304,9 +335,14 @@ def holding(folder):
         yield
 
 class Executor:
-    "What every executor does around a stage: hold its output folder while `run_tasks` runs the stage's tasks."
+    """What every executor does around a stage: hold its output folder while `run_tasks` runs the stage's tasks, then
+    bring its identity record up to date and delete the records that no marker names any more."""
     def run(self, stage) -> list:
-        with holding(stage.out): return self.run_tasks(stage)
+        with holding(stage.out):
+            recs = self.run_tasks(stage)
+            if stage.n_tasks(): refresh_record(stage)
+            remove_unused_records(stage.out)
+            return recs
 
 # %% ../../nbs/50_data.ipynb #347c30ae
 _TEMP_NAME = re.compile(r'\..+\.[a-z0-9_]{8}\.tmp')  # `atomic_write_bytes`' temporary files: `.NAME.XXXXXXXX.tmp`
@@ -348,7 +384,7 @@ def _pending(stage, restart=False) -> list:
     if (stale or orphans) and not restart:
         first = marker_path(stage, stale[0]) if stale else orphans[0]
         raise StaleTasks(stale_line(stage, len(stale) + len(orphans), first))
-    for i in stale: marker_path(stage, i).unlink()
+    for i in stale: _remove_marker(marker_path(stage, i))
     for m in orphans: _remove_task_outputs(stage, m)
     todo = [i for i in range(stage.n_tasks()) if i not in found or i in stale]
     if todo and Path(stage.out).resolve() != Path.cwd(): remove_stale_temps(stage.out)

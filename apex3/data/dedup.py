@@ -95,6 +95,7 @@ def batches(docs, chars=1 << 17):
 # %% ../../nbs/54_dedup.ipynb #04ad9a73
 class Signatures(Stage):
     "Dedup stage 1: band and exact hashes for every document of every shard of `src`."
+    input_attrs = ('src',)
     def __init__(self, src, out, hasher=None):
         self.src, self.out, self.name = str(src), str(out), 'dedup:signatures'
         self.hasher = hasher or MinHasher()
@@ -218,6 +219,7 @@ def _pair_keys(pairs, n) -> np.ndarray:
 
 class Buckets(Stage):
     "Dedup stage 2: the candidate pairs of a group of bands (one task per group), for all documents."
+    input_attrs = ('sig_dir',)
     def __init__(self, sig_dir, out, bands=25, group=5):
         self.sig_dir, self.out, self.name = str(sig_dir), str(out), 'dedup:buckets'
         self.bands, self.group = bands, group
@@ -234,6 +236,7 @@ class Verify(Stage):
     """Dedup stage 3: the candidate pairs of every band group, merged when the exact Jaccard similarity of their
     shingle sets reaches `threshold` (`None`: every candidate). Task `i` of `parts` checks the `i`-th slice of the
     sorted pairs (neighbouring pairs share their first document, whose set is built once)."""
+    input_attrs = ('sig_dir', 'buckets_dir')
     def __init__(self, sig_dir, buckets_dir, out, threshold=0.7, parts=4):
         self.sig_dir, self.buckets_dir, self.out, self.name = str(sig_dir), str(buckets_dir), str(out), 'dedup:verify'
         self.threshold, self.parts = threshold, parts
@@ -262,6 +265,7 @@ def _run_edges(groups) -> np.ndarray:
 
 class Clusters(Stage):
     "Dedup stage 4 (one task): cluster all documents by exact hashes and merged pairs, write each shard's removal list."
+    input_attrs = ('sig_dir', 'verified_dir')
     def __init__(self, sig_dir, verified_dir, out):
         self.sig_dir, self.verified_dir, self.out = str(sig_dir), str(verified_dir), str(out)
         self.name = 'dedup:clusters'
@@ -289,6 +293,7 @@ class DropListed(Stage):
     """Dedup stage 5 (the last): copy each shard of `src` to `out` without the documents the clusters stage listed,
     which go to its rejects. Kept lines are copied as they are, not parsed and written again: only the removed ones are
     parsed."""
+    input_attrs = ('src', 'lists_dir')
     def __init__(self, src, lists_dir, out):
         self.src, self.lists_dir, self.out, self.name = str(src), str(lists_dir), str(out), 'dedup:filter'
         self.shards = list_shards(self.src)

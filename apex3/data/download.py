@@ -8,7 +8,8 @@ import hashlib, logging, os, re, time
 from pathlib import Path
 from urllib.parse import urlparse
 from ..usage import UsageError
-from .core import Stage, run_task, is_done
+from .core import Stage, run_task, _pending
+from .identity import remove_unused_records
 
 # %% auto #0
 __all__ = ['DownloadError', 'fetch', 'safe_name', 'read_manifest', 'DownloadStage', 'run_downloads']
@@ -90,6 +91,7 @@ def read_manifest(path) -> dict:
 # %% ../../nbs/5d_download.ipynb #26e55c75
 class DownloadStage(Stage):
     "One task per URL: fetch into `out`, verified against its SHA-256 when one is given."
+    input_attrs = ()  # no local file: a URL and its SHA-256 are parameters
     def __init__(self, name, urls, out, sha256=(), manifest=None, timeout=30.0, retries=5):
         self.name, self.urls, self.out = f'{name}:download', list(urls), str(out)
         self.timeout, self.retries = timeout, retries
@@ -104,11 +106,12 @@ class DownloadStage(Stage):
         r = fetch(self.urls[i], Path(self.out)/self.task_name(i), self.sha[i], self.timeout, self.retries)
         return {'bytes': r['bytes'], 'attempts': r['attempts'], 'resumed': r['resumed']}
 
-def run_downloads(stage, workers=4, progress=True) -> list:
-    "Run a `DownloadStage`'s unfinished tasks, at most `workers` at once; one `DownloadError` for all failures."
+def run_downloads(stage, workers=4, progress=True, restart=False) -> list:
+    """Run a `DownloadStage`'s unfinished tasks, at most `workers` at once; one `DownloadError` for all failures.
+    Tasks finished with other URLs or checksums are refused as the executors refuse them, or with `restart` redone."""
     import concurrent.futures as cf
     from tqdm.auto import tqdm
-    todo = [i for i in range(stage.n_tasks()) if not is_done(stage, i)]
+    todo = _pending(stage, restart)
     failed = []
     bar = tqdm(total=len(todo), desc=stage.name, disable=not progress or not todo)
     with cf.ThreadPoolExecutor(workers) as ex, bar:
@@ -119,4 +122,5 @@ def run_downloads(stage, workers=4, progress=True) -> list:
                 _log.warning(str(e))
             bar.update()
     if failed: raise DownloadError(f'{len(failed)} of {stage.n_tasks()} downloads failed; first: {failed[0]}')
+    remove_unused_records(stage.out)
     return [run_task(stage, i) for i in range(stage.n_tasks())]

@@ -9,8 +9,8 @@ import glob, hashlib, json, math, os, re
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['NOT_PARAMETERS', 'DAMAGED', 'stage_identity', 'identity_of', 'task_identity', 'identity_path', 'read_marker',
-           'marker_identity', 'StaleTasks', 'identity_difference', 'stale_line']
+__all__ = ['NOT_PARAMETERS', 'DAMAGED', 'declared_inputs', 'stage_identity', 'identity_of', 'task_identity', 'identity_path',
+           'read_marker', 'marker_identity', 'StaleTasks', 'identity_difference', 'stale_line', 'remove_unused_records']
 
 # %% ../../nbs/50b_identity.ipynb #05ece03f
 NOT_PARAMETERS = ('out', 'name', 'ctx')  # where a stage writes, what it is called, the task a step runs in now
@@ -40,22 +40,36 @@ def _canonical(x, depth=0):
         return {'class': type(x).__qualname__, **name, **_canonical(attrs, depth + 1)}
     return type(x).__qualname__
 
-def _flat(x, key, out: dict, paths: dict, top: bool):
-    "Leaves of canonical `x` into `out` by dotted key; the strings that name input files into `paths` instead."
+def _flat(x, key, out: dict):
+    "Leaves of canonical `x` into `out` by dotted key."
     if isinstance(x, dict):
-        for k, v in x.items(): _flat(v, f'{key}.{k}' if key else k, out, paths, top and not key)
-    elif isinstance(x, list) and any(isinstance(v, dict) or isinstance(v, str) and _names_files(v, top) for v in x):
+        for k, v in x.items(): _flat(v, f'{key}.{k}' if key else k, out)
+    elif isinstance(x, list) and any(isinstance(v, dict) for v in x):
         names = [v.get('name', v.get('class')) if isinstance(v, dict) else None for v in x]
         for k, (v, name) in enumerate(zip(x, names)):  # a step by its name: `steps.c4.min_sentences`
-            _flat(v, f'{key}.{name}' if name and names.count(name) == 1 else f'{key}[{k}]', out, paths, top)
-    elif isinstance(x, str) and _names_files(x, top): paths[key] = x
+            _flat(v, f'{key}.{name}' if name and names.count(name) == 1 else f'{key}[{k}]', out)
     else:
         s = json.dumps(x, sort_keys=True)
         out[key] = x if len(s) <= _BIG else _digest(s.encode())
 
-def _names_files(s: str, top: bool) -> bool:
-    "Whether string `s` of a stage names its input files: an absolute path or glob, or a path the stage was given."
-    return os.path.isabs(s) or (top and s != '' and os.path.exists(s))
+def _attr(obj, dotted: str):
+    "Attribute `dotted` of `obj` (`src.path`: the path of `obj.src`), None where a part is missing."
+    for part in dotted.split('.'): obj = getattr(obj, part, None)
+    return obj
+
+def declared_inputs(stage) -> dict:
+    """{attribute: [paths]} of the attributes `stage` declares as its inputs (its `input_attrs`, dotted into an
+    object where the path is one of its fields), each a path, glob or folder, or a list of them; None ones left out."""
+    out = {}
+    for name in getattr(stage, 'input_attrs', ()):
+        v = _attr(stage, name)
+        paths = v if isinstance(v, (list, tuple)) else [] if v is None else [v]
+        out[name] = [os.path.expanduser(os.fspath(p)) for p in paths]
+    return out
+
+def _declared(key: str, names) -> bool:
+    "Whether the parameter at dotted `key` is, or lies inside, one of the declared input attributes `names`."
+    return any(key == n or key.startswith((f'{n}.', f'{n}[')) for n in names)
 
 # %% ../../nbs/50b_identity.ipynb #9a0e76ab
 _MAGIC = re.compile('[*?[]')
@@ -72,14 +86,20 @@ def _files_of(path: str, out: str) -> list:
             files += [os.path.join(d, f) for f in sorted(fs) if not f.startswith('.')]
     return files
 
-_DIGESTS = {}  # {(path, size, mtime_ns): digest}: the stages of one run read the same files (dedup: three times)
+def _stat_key(st) -> tuple:
+    """What says a file is unchanged without reading it: its size, its modification time, and its status-change time,
+    which every write sets and no user can set back (`touch -d`, `cp -p`, `rsync -t` and `tar` restore the first two
+    only)."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+_DIGESTS = {}  # {(path, *_stat_key): digest}: the stages of one run read the same files (dedup: three times)
 
 def _file_digest(path, st) -> str:
     """XXH3-128 of a file's bytes (read in blocks) whose `os.stat` is `st`, once per process for an unchanged file.
     It tells a changed input from the same one, as a build tool does; it is no defence against forgery (whoever can
     write the inputs can write the markers too), and SHA-256 would cost a stage a tenth of a second per 200 MB."""
     import xxhash
-    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    key = (os.path.abspath(path), *_stat_key(st))
     if key not in _DIGESTS:
         h = xxhash.xxh3_128()
         with open(path, 'rb') as f:
@@ -88,11 +108,12 @@ def _file_digest(path, st) -> str:
     return _DIGESTS[key]
 
 def _is_entry(v) -> bool:
-    "Whether `v` reads as a recorded input, [size, mtime_ns, digest]: a hand-edited record may hold anything."
-    return isinstance(v, list) and len(v) == 3 and all(type(x) is int for x in v[:2]) and isinstance(v[2], str)
+    """Whether `v` reads as a recorded input, [size, mtime_ns, ctime_ns, digest] ([size, mtime_ns, digest] in a record
+    of an earlier version, whose files are then read once more): a hand-edited record may hold anything."""
+    return isinstance(v, list) and len(v) in (3, 4) and all(type(x) is int for x in v[:-1]) and isinstance(v[-1], str)
 
 def _known_digests(stage) -> dict:
-    "{input: (size, mtime_ns, digest)} from the identities recorded beside the markers: an unchanged file is not read."
+    "{input: (size, times..., digest)} from the identities recorded beside the markers: an unchanged file is not read."
     known = {}
     for p in sorted((Path(stage.out)/'.done'/'identity').glob('*.json')):
         try:
@@ -110,33 +131,36 @@ def _task_shards(stage):
 
 def stage_identity(stage) -> dict:
     """What a stage's finished tasks depend on: its name, its parameters (its public attributes and those of its
-    steps, flattened to dotted keys), its input files as [size, mtime_ns, digest of the bytes] named relative to the
-    folder above `out` where they really are (a project moved whole keeps its identity, and an input reached
-    through a link is the same input), and, for a map over shards, each task's own shard.
+    steps, flattened to dotted keys), the files of the inputs it declares (`declared_inputs`) as
+    [size, mtime_ns, ctime_ns, digest of the bytes] named relative to the folder above `out` where they really are
+    (a project moved whole keeps its identity, and an input reached through a link is the same input), and, for a map
+    over shards, each task's own shard.
     Only size and content count: an input rewritten with the same bytes (its stage redone) leaves the stages after it
-    finished; the time only spares reading an unchanged file again."""
+    finished; the times only spare reading an unchanged file again (`_stat_key`)."""
     attrs = {k: v for k, v in vars(stage).items() if not k.startswith('_') and k not in NOT_PARAMETERS}
-    shards = _task_shards(stage)
+    declared, shards = declared_inputs(stage), _task_shards(stage)
+    paths = [p for ps in declared.values() for p in ps]
     if shards is not None:  # each task's shard is its own input; the folder holding them is no input of every task
         attrs.pop('shards', None)
         folders = {os.path.dirname(os.path.abspath(f)) for f in shards}
-        attrs = {k: v for k, v in attrs.items() if not (isinstance(v, str) and os.path.abspath(v) in folders)}
-    params, paths = {}, {}
-    _flat(_canonical(attrs), '', params, paths, True)
+        paths = [p for p in paths if os.path.abspath(p) not in folders]
+    params = {}
+    _flat(_canonical(attrs), '', params)
+    params = {k: v for k, v in params.items() if not _declared(k, declared)}
     base, known = os.path.dirname(os.path.realpath(stage.out)), _known_digests(stage)
     def entry(f):   # named where it really is: an input reached through a link is the same input
         st, rel = os.stat(f), os.path.relpath(os.path.realpath(f), base)
         k = known.get(rel)
-        same = k is not None and k[:2] == (st.st_size, st.st_mtime_ns)
-        return rel, [st.st_size, st.st_mtime_ns, k[2] if same else _file_digest(f, st)]
-    inputs = dict(sorted(entry(f) for p in paths.values() for f in _files_of(p, stage.out)))
+        same = k is not None and k[:-1] == _stat_key(st)
+        return rel, [*_stat_key(st), k[-1] if same else _file_digest(f, st)]
+    inputs = dict(sorted(entry(f) for p in paths for f in _files_of(p, stage.out)))
     tasks = {} if shards is None else {stage.task_name(i): dict([entry(f)]) for i, f in enumerate(shards)}
-    missing = sorted(os.path.relpath(os.path.realpath(p), base) for p in paths.values() if not os.path.exists(p)
+    missing = sorted(os.path.relpath(os.path.realpath(p), base) for p in paths if not os.path.exists(p)
                      and not _MAGIC.search(p))
     return dict(stage=stage.name, params=params, inputs=inputs, missing=missing, tasks=tasks)
 
 # %% ../../nbs/50b_identity.ipynb #2b1765c9
-def _content(files: dict) -> dict: return {f: [v[0], v[2]] for f, v in files.items()}  # size and digest, not time
+def _content(files: dict) -> dict: return {f: [v[0], v[-1]] for f, v in files.items()}  # size and digest, not times
 
 def identity_of(stage) -> dict:
     """`stage`'s identity ('ident'), the digest it is recorded under ('record') and each task's digest ('tasks'),
@@ -207,7 +231,9 @@ def _recorded_identity(path):
 def _why_stale(stage, marker: Path) -> str:
     "Why the task of `marker` does not count: a damaged marker, one of an earlier version, or what differs."
     digest, record = marker_identity(marker)
-    if digest == DAMAGED: return f'left with a damaged completion marker ({marker.name} is no marker this code wrote)'
+    if digest == DAMAGED:
+        what = 'a folder, ' if marker.is_dir() else ''
+        return f'left with a damaged completion marker ({marker.name} is {what}no marker this code wrote)'
     if digest is None: return 'done by an earlier version, which did not record their parameters and inputs'
     old = _recorded_identity(identity_path(stage, record) if record else None)
     what = identity_difference(old, identity_of(stage)['ident'], marker.stem)
@@ -219,3 +245,13 @@ def stale_line(stage, n: int, marker: Path) -> str:
     tasks, were, them = (f'{n} finished tasks', 'were', 'them') if n > 1 else ('1 finished task', 'was', 'it')
     return (f'{stage.out}: {tasks} of stage {stage.name} {were} {why}: write to a new output folder, or run again '
             f'with --restart to redo {them}')
+
+# %% ../../nbs/50b_identity.ipynb #e738b4a0
+def remove_unused_records(out) -> int:
+    "Delete the identity records in `out/.done/identity` that no marker in `out/.done` names; the count."
+    done = Path(out)/'.done'
+    try: named = {marker_identity(m)[1] for m in done.glob('*.json')}
+    except OSError: return 0   # a marker this process cannot read may name any record
+    unused = [p for p in (done/'identity').glob('*.json') if p.stem not in named]
+    for p in unused: p.unlink(missing_ok=True)
+    return len(unused)

@@ -268,6 +268,7 @@ def read_unit(src: Source, unit) -> Iterator:
 # %% ../../nbs/51_ingest.ipynb #2f818aa3
 class IngestStage(Stage):
     "Read a Source into `shards` document shards under `out`, with rejects and counters."
+    input_attrs = ('src.path',)  # the source's files (a glob, or a folder of repositories)
     def __init__(self, src: Source, out):
         self.src, self.out, self.name = src, str(out), f'ingest:{src.name}'
         self._deal = None

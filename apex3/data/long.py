@@ -66,6 +66,7 @@ def long_from_tokens(docs, ids, ends, min_tokens, eos, file_sep) -> list:
 
 class Long(Stage):
     "Gather long documents and whole repositories of the document shards of `src` into token shards under `out`."
+    input_attrs = ('src', 'tokenizer', 'tokens')
     def __init__(self, src, out, tokenizer, min_tokens=2048, prefix='long', tokens=None):
         self.src, self.out, self.tokenizer, self.min_tokens = str(src), str(out), str(tokenizer), min_tokens
         self.tokens = None if tokens is None else str(tokens)  # the `tokenize` stage's output for the same shards

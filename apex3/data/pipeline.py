@@ -282,7 +282,7 @@ def run_pipeline(cfg, executor=None, log=print, restart=False) -> list:
         for st in pipeline_stages(cfg):
             t0 = time.perf_counter()
             dl = isinstance(st, DownloadStage)
-            r = run_downloads(st, cfg['pipeline'].get('downloads', 4), False) if dl else ex.run(st)
+            r = run_downloads(st, cfg['pipeline'].get('downloads', 4), False, restart) if dl else ex.run(st)
             for x in r: x['stage'] = st.name
             recs += r
             log(stage_row(st, r, time.perf_counter() - t0, cfg['pipeline']['out']))

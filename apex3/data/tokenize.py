@@ -58,6 +58,7 @@ def sample_texts(dirs, sample_bytes):
 
 class TrainTokenizer(Stage):
     "Train (or copy) the tokenizer on samples of the document folders `srcs`; writes `out/tokenizer.json`."
+    input_attrs = ('srcs', 'tokenizer_json')
     def __init__(self, srcs, out, vocab_size=8192, sample_bytes=64 << 20, tokenizer_json=None):
         self.srcs, self.out, self.name = [str(s) for s in srcs], str(out), 'tokenizer'
         self.vocab_size, self.sample_bytes, self.tokenizer_json = vocab_size, sample_bytes, tokenizer_json
@@ -109,6 +110,7 @@ def encode_docs(tok, texts, eos_id, batch=256):
 
 class Tokenize(Stage):
     "Encode every document shard of `src` into token shards under `out` with the tokenizer at `tokenizer`."
+    input_attrs = ('src', 'tokenizer')
     def __init__(self, src, out, tokenizer):
         self.src, self.out, self.tokenizer, self.name = str(src), str(out), str(tokenizer), f'tokenize:{Path(out).name}'
         self.shards = list_shards(self.src)

@@ -654,7 +654,9 @@ def test_a_long_prompt_is_encoded_off_the_event_loop(server, monkeypatch, protec
     control, the same encoding awaited in place on the event loop, holds the models request until it is done."""
     import asyncio, random, httpx2
     from apex3.serve import MAX_BODY
+    from apex3.serve import Texts
     srv, _, url = server
+    monkeypatch.setattr(Texts, 'min_tokens', lambda self, text: 0)   # the tokenizer reads it all: no early refusal
     if not protected:
         async def in_place(fn, *args): return fn(*args)
         monkeypatch.setattr(asyncio, 'to_thread', in_place)
@@ -673,3 +675,198 @@ def test_a_long_prompt_is_encoded_off_the_event_loop(server, monkeypatch, protec
         waited = time.perf_counter() - t0
         assert chat.result()[0] == 400   # far longer than this server's 512 tokens: refused, once encoded
     assert (waited < 0.3 * encoding) if protected else (waited > 0.5 * encoding), (waited, encoding)
+
+
+# --- a hostile client's cheaper attacks: a huge prompt, a flood past --max-body, a stream it never reads ----------
+
+def _chat_body(content, **kw):
+    return json.dumps({'model': 'demo', 'messages': [{'role': 'user', 'content': content}], **kw}).encode()
+
+
+@pytest.mark.parametrize('protected', [True, False])
+def test_a_conversation_far_too_long_is_refused_before_it_is_encoded(demo, monkeypatch, protected):
+    """A 2 MB message on a 512-position server is refused 400 in the shape of every too-long refusal, from a bound
+    that costs no tokenizing (its bytes over the most a token stands for), in a fraction of the time the tokenizer
+    takes over it. The control, the bound off, gives the same 400 with the exact count after encoding it all."""
+    from apex3.serve import Texts
+    model, tok, *_ = demo
+    if not protected: monkeypatch.setattr(Texts, 'min_tokens', lambda self, text: 0)
+    srv = Server(model, tok, 'demo', max_batch=2, max_len=512, max_body=4 << 20)
+    huge = 'What is 964 - 59? ' * ((2 << 20) // 18)
+    with serving(srv.app) as url:
+        t0 = time.time()
+        status, err = _post(f'{url}/chat/completions', _chat_body(huge, max_tokens=1))
+        took = time.time() - t0
+        t0 = time.time()
+        tokens = len(srv.texts.encode(huge))   # what the tokenizer alone takes over the message
+        encoding = time.time() - t0
+    at_least = 'at least ' if protected else ''
+    assert status == 400 and set(err['error']) == {'message', 'type', 'param', 'code'}, err
+    assert (err['error']['type'], err['error']['param']) == ('invalid_request_error', 'messages'), err
+    n = int(err['error']['message'].split(f'the conversation is {at_least}')[1].split(' tokens; ')[0])
+    assert err['error']['message'] == f'the conversation is {at_least}{n} tokens; this server holds 512', err
+    if protected: assert 512 <= n <= tokens and took < encoding / 3, (n, tokens, took, encoding)
+    else: assert n > tokens and took > encoding / 3, (n, tokens, took, encoding)
+
+
+def test_the_too_long_bound_never_refuses_what_fits(server, demo):
+    """At the edge of the cache the bound is tight and still refuses nothing that fits: a completion prompt of
+    `</tool_response>`, the tokenizer's longest token (16 bytes, one token each), of 511 tokens is served with one
+    token to decode, and of 512 refused from the bound; a conversation of exactly 511 tokens (room for one) is served,
+    one of 512 refused with its exact count."""
+    srv, _, url = server
+    _, tok, *_ = demo
+    assert srv.texts.max_token_bytes == 16 == len('</tool_response>')
+    comp = lambda n: _post(f'{url}/completions', json.dumps({'model': 'demo', 'prompt': '</tool_response>' * n,
+                                                             'max_tokens': 1}).encode())
+    assert comp(511)[0] == 200 and srv.texts.min_tokens('</tool_response>' * 511) == 511
+    status, err = comp(512)
+    assert status == 400 and 'need at least 513 positions' in err['error']['message'], err
+    prompt_tokens = lambda c: len(srv.texts.encode_prompt(render_chat(
+        srv.texts.defang([{'role': 'user', 'content': c}]), None, add_generation_prompt=True)))
+    fits, over = (next(c for k in range(1, 600) if prompt_tokens(c := 'description' * k) == n) for n in (511, 512))
+    status, reply = _post(f'{url}/chat/completions', _chat_body(fits, ignore_eos=True))
+    assert status == 200 and reply['usage'] == {'prompt_tokens': 511, 'completion_tokens': 1, 'total_tokens': 512}
+    assert _post(f'{url}/chat/completions', _chat_body(over)) == (400, {'error': {
+        'message': 'the conversation is 512 tokens; this server holds 512', 'type': 'invalid_request_error',
+        'param': 'messages', 'code': None}})
+
+
+_texts = st.text(st.characters(blacklist_categories=('Cs',)), max_size=200) | st.lists(
+    st.sampled_from(['</tool_response>', 'description', '<|im_start|>', 'What is', ' 964', 'é', '\U0001f600']),
+    max_size=60).map(''.join)
+
+@settings(max_examples=200, deadline=None)
+@given(_texts)
+def test_the_bound_is_a_lower_bound(demo, text):
+    "Over any text (the tokenizer's longest tokens packed tight among them), the bound is at most the true count."
+    from apex3.serve import Texts
+    texts = Texts(demo[1])
+    assert texts.min_tokens(text) <= len(texts.encode(text))
+
+
+def test_no_bound_where_the_tokenizer_may_drop_text():
+    """A tokenizer whose pre-tokenizer drops whitespace encodes a kilobyte of spaces as no token at all: no bound from
+    its vocabulary could hold, and `Texts` takes none (the prompt is then counted by encoding it)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from apex3.serve import Texts
+    t = Tokenizer(models.BPE(vocab={'a': 0, 'b': 1}, merges=[]))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert len(t.encode(' ' * 1000).ids) == 0
+    assert Texts(t).max_token_bytes is None and Texts(t).min_tokens(' ' * 1000) == 0
+    t.pre_tokenizer = pre_tokenizers.ByteLevel()   # the control: a pre-tokenizer that keeps every byte
+    assert Texts(t).max_token_bytes == 1
+
+
+def _request(path, body, host, close=False):
+    "The bytes of a raw POST of `body` (JSON) to `path`."
+    head = [f'POST {path} HTTP/1.1', f'Host: {host}', 'Content-Type: application/json', f'Content-Length: {len(body)}']
+    return '\r\n'.join(head + ['Connection: close'] * close + ['', '']).encode() + body
+
+
+def test_a_body_over_max_body_closes_the_connection(demo, monkeypatch):
+    """A client whose body is over --max-body, and that goes on sending it after the answer: 413, and the server
+    closes the connection at once. The controls: a normal request's connection stays open for the next request on
+    it (keep-alive); the 413 without its `connection: close` leaves the connection open to the client's flood."""
+    import apex3.serve as serve_mod, socket, urllib.parse
+    model, tok, *_ = demo
+    big = json.dumps({'model': 'demo', 'prompt': 'x', 'max_tokens': 1, 'user': 'x' * 5000}).encode()
+    def over(linger=3):
+        srv = Server(model, tok, 'demo', max_batch=2, max_len=64, max_body=4096)
+        with serving(srv.app) as url: return _slow_post(url, big, 0.05, linger)
+    status, took, closed = over()
+    assert status == 413 and closed and took < 10, (status, took, closed)
+    srv = Server(model, tok, 'demo', max_batch=2, max_len=64, max_body=4096)
+    with serving(srv.app) as url:   # keep-alive: two requests, one connection
+        u = urllib.parse.urlparse(url)
+        ok = json.dumps({'model': 'demo', 'prompt': 'x', 'max_tokens': 1}).encode()
+        with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+            answers = []
+            for close in (False, True):
+                s.sendall(_request(f'{u.path}/completions', ok, u.hostname, close))
+                got = b''
+                while not got.endswith(b'}') or b'\r\n\r\n' not in got: got += s.recv(65536)
+                answers.append(got.split()[1])
+        assert answers == [b'200', b'200'], answers
+    plain = serve_mod.JSONResponse
+    monkeypatch.setattr(serve_mod, 'JSONResponse', lambda content, status=200, headers=None: plain(content, status))
+    assert over()[::2] == (413, False)
+
+
+def _shrink_send_buffer(port, size):
+    """Give the server's listening socket on `port` (of this process) a small send buffer, which the connections it
+    accepts inherit: a slow network's. On loopback the kernel grows a connection's buffer to megabytes, enough for
+    any reply of this small cache before the server's writes would ever wait."""
+    import os, socket
+    for fd in map(int, os.listdir('/proc/self/fd')):
+        try: s = socket.socket(fileno=fd)   # borrowed: detached below, never closed here
+        except OSError: continue
+        try:
+            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM and \
+                    s.getsockname()[1] == port and s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+                return
+        except OSError: pass
+        finally: s.detach()
+    raise AssertionError(f'no listening socket on port {port}')
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason='finds the listening socket through /proc')
+@pytest.mark.parametrize('protected', [True, False])
+def test_a_stream_its_client_never_reads_is_cut_off(demo, monkeypatch, protected):
+    """A raw-socket client asks for a 480-token stream (each chunk with 20 log-probabilities, ~1 KB) and reads
+    nothing: once the connection's buffers are full, its chunks wait in the server; at 32 waiting (`MAX_UNREAD`, set
+    low here) the request is cut off: its row is freed long before the 480th step, another request is served meanwhile,
+    and what the client finally reads is ~100 KB ending in an error event. The control, the bound out of reach: the
+    decoder runs all 480 steps for no reader and the server holds the whole 400 KB reply for it."""
+    import socket, urllib.parse, apex3.serve as serve_mod
+    model, tok, train, *_ = demo
+    monkeypatch.setattr(serve_mod, 'MAX_UNREAD', 32 if protected else 10 ** 9)
+    srv = Server(model, tok, 'demo', max_batch=2, max_len=512)
+    body = json.dumps({'model': 'demo', 'prompt': train[0][0], 'max_tokens': 480, 'temperature': 0, 'stream': True,
+                       'ignore_eos': True, 'logprobs': 20}).encode()
+    with serving(srv.app) as url:
+        u = urllib.parse.urlparse(url)
+        _shrink_send_buffer(u.port, 8192)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            s.connect((u.hostname, u.port))
+            s.sendall(_request(f'{u.path}/completions', body, u.hostname))
+            deadline = time.time() + 120
+            while (not srv.batcher.sizes or any(srv.batcher.rows)) and time.time() < deadline: time.sleep(0.05)
+            steps = len(srv.batcher.sizes)
+            other = _post(f'{url}/completions', json.dumps({'model': 'demo', 'prompt': 'x', 'max_tokens': 2}).encode())
+            s.settimeout(3)
+            got = b''
+            with contextlib.suppress(socket.timeout):
+                while not got.endswith(b'0\r\n\r\n') and (part := s.recv(65536)): got += part
+    events = [e for e in got.split(b'\r\n') if e.startswith(b'data: ')]
+    assert other[0] == 200 and not any(srv.batcher.rows)
+    if protected:
+        assert steps < 300 and len(got) < 200_000, (steps, len(got))
+        assert events[-1] == b'data: [DONE]' and b'the client fell 32 chunks behind' in events[-2], events[-2:]
+    else: assert steps == 479 and len(events) == 482 and len(got) > 300_000, (steps, len(events), len(got))
+
+
+@pytest.mark.parametrize('protected', [True, False])
+def test_a_stop_string_matches_only_finished_characters(demo, monkeypatch, protected):
+    """A copy of the demo model taught to write 'café' (its 'é' two byte tokens, the first of which decodes alone as
+    U+FFFD) continues 'café, caf' with 'é, caf' and a last unfinished 'é': with the stop string '\\ufffd' it returns
+    the 'é's it finished and stops only at the one left unfinished at the end. The control, stop strings matched in
+    text that is not settled: the first half of the first 'é' is taken for the stop and the reply is empty."""
+    import copy
+    from apex3.serve import TextStream
+    model, tok, *_ = demo
+    if not protected: monkeypatch.setattr(TextStream, '_settled', staticmethod(lambda text: text))
+    cafe = copy.deepcopy(model)
+    ids = tok.encode('café, ' * 30).ids
+    finetune(cafe, [(ids, [True] * len(ids))], 0, steps=30, batch=1, lr=1e-2, log_every=0)
+    srv = Server(cafe.eval(), tok, 'demo', max_batch=2, max_len=64)
+    with serving(srv.app) as url:
+        ask = lambda **kw: _post(f'{url}/completions', json.dumps({'model': 'demo', 'prompt': 'café, caf',
+                                                                   'max_tokens': 8, 'temperature': 0, **kw}).encode())
+        free = ask()[1]['choices'][0]
+        stopped = ask(stop=['\ufffd'])[1]['choices'][0]
+    assert (free['text'], free['finish_reason']) == ('é, caf\ufffd', 'length'), free   # 'é' unfinished at the end
+    want = ('é, caf', 'length') if protected else ('', 'stop')
+    assert (stopped['text'], stopped['finish_reason']) == want, stopped

@@ -19,7 +19,7 @@ def test_bad_input_is_one_line(tmp_path):
 def test_what_a_hostile_hunt_found_is_one_line(tmp_path):
     """Input that gave a traceback (exit 1), each now one line and status 2: bytes that are not UTF-8 on the command
     line and on stdin, a URL Python cannot parse, a key no HTTP header carries, an unquoted MCP command, arguments
-    nested past Python's recursion, a memory limit past a C long."""
+    nested past Python's recursion or holding an integer past its digits, a memory limit past a C long."""
     url = ['--model-url', 'http://127.0.0.1:9/v1', '--model', 'm']
     deep = '[' * 20000 + ']' * 20000
     env = {**os.environ, 'PYTHONPATH': str(ROOT), 'PYTHONUTF8': '1'}   # command-line bytes kept as such
@@ -28,6 +28,7 @@ def test_what_a_hostile_hunt_found_is_one_line(tmp_path):
              (['run', *url, '--api-key', 'k\u00e9', '--prompt', 'hi'], 'printable ASCII'),
              (['tools', '--mcp', '"unterminated'], 'quote as a shell would'),
              (['call', '--mcp', sys.executable, 'echo', deep], 'nested too deep'),
+             (['call', '--mcp', sys.executable, 'echo', '{"n": %s}' % ('9' * 5000)], 'an integer of more than'),
              (['sandbox', '--memory', str(10 ** 14), '--', 'true'], '--memory')]
     for args, why in cases:
         p = subprocess.run([sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())', 'agent',

@@ -7,7 +7,7 @@ from apex3.usage import run_command
 import apex3.agent.mcp as mcp_mod
 from apex3.agent.mcp import (GRACE_S, MCPStartError, MCPToolError, call_main, call_tool, list_tools, mcp_tool_specs,
                              tools_main)
-from apex3.agent.tools import Tool
+from apex3.agent.tools import PATTERN_S, Tool
 
 SERVER = [sys.executable, str(Path(__file__).with_name('mcp_test_server.py'))]
 
@@ -128,12 +128,13 @@ def test_without_the_shim_the_exit_is_only_a_closed_connection(monkeypatch):
 RAW_SERVER = '''
 # a bare JSON-RPC stdio server with one tool, echo: argv[1] 'error' answers every call with JSON-RPC error -32000 and
 # its own words; 'bytes' writes bytes that are not UTF-8 on its stderr and exits 3; 'pattern' gives echo's argument
-# `s` the pattern argv[2] and echoes
+# `s` the pattern argv[2] and echoes; 'schema' gives echo the input schema argv[2] (JSON) and echoes
 import json, sys
 if sys.argv[1] == 'bytes':
     sys.stderr.buffer.write(b'fatal: \\xff\\xfe bad key\\n'); sys.stderr.flush(); sys.exit(3)
 schema = {'type': 'object'}
 if sys.argv[1] == 'pattern': schema['properties'] = {'s': {'type': 'string', 'pattern': sys.argv[2]}}
+if sys.argv[1] == 'schema': schema = json.loads(sys.argv[2])
 for line in sys.stdin:
     m = json.loads(line)
     if 'id' not in m: continue
@@ -141,7 +142,7 @@ for line in sys.stdin:
         r = {'protocolVersion': m['params']['protocolVersion'], 'capabilities': {'tools': {}},
              'serverInfo': {'name': 'raw', 'version': '1'}}
     elif m['method'] == 'tools/list': r = {'tools': [{'name': 'echo', 'inputSchema': schema}]}
-    elif sys.argv[1] == 'pattern': r = {'content': [{'type': 'text', 'text': 'echoed'}]}
+    elif sys.argv[1] in ('pattern', 'schema'): r = {'content': [{'type': 'text', 'text': 'echoed'}]}
     else:
         error = {'code': -32000, 'message': 'the API key is invalid'}
         print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'error': error}), flush=True)
@@ -277,3 +278,67 @@ def test_a_pattern_regex_reads_but_re_does_not_keeps_the_schema(caplog):
     import jsonschema
     with pytest.raises(jsonschema.SchemaError, match="is not a 'regex'"):   # the control
         jsonschema.Draft202012Validator.check_schema(LETTERS)
+
+def _raw_server_with(tmp_path, schema):
+    "The bare server's command line, its tool `echo` under the input schema `schema`."
+    (tmp_path / 'server.py').write_text(RAW_SERVER)
+    return f'{sys.executable} {tmp_path / "server.py"} schema {shlex.quote(json.dumps(schema))}'
+
+def test_the_argument_check_of_agent_call_ends_with_its_timeout(tmp_path):
+    """`apex3 agent call --timeout 2` with the schema that branches 2**40 ways: the refusal comes within those 2 s (plus
+    slack for a loaded machine), not after the check's own `CHECK_S`. The control: with --timeout 5 the same check
+    runs to that session's end, so a longer --timeout does give the check longer."""
+    cmd = _raw_server_with(tmp_path, _branching(40))
+    def refused_after(timeout):
+        t0 = time.monotonic()
+        rc, out, err = _cli(call_main, '--mcp', cmd, '--timeout', str(timeout), 'echo', '{"s": null}')
+        assert 'checking them against the schema took more than' in _one_line(rc, err, 2), err
+        return time.monotonic() - t0
+    assert refused_after(2) < 2 + 1.5
+    assert refused_after(5) > 4.5   # the control
+
+def test_an_integer_past_pythons_digits_is_refused_for_what_it_is(tmp_path):
+    """5,000 digits in the JSON arguments (past Python's limit for turning text into an integer): `apex3 agent call`
+    says so in one line, exit 2, not a traceback; `Tool.call` with such an integer names the argument and its digits,
+    not the schema. The control: 100 digits are read and checked against the schema as any number is."""
+    schema = {'type': 'object', 'properties': {'n': {'type': 'integer', 'maximum': 5}}}
+    cmd, limit = _raw_server_with(tmp_path, schema), sys.get_int_max_str_digits()
+    call = lambda digits: _cli(call_main, '--mcp', cmd, 'echo', '{"n": %s}' % ('1' * digits))
+    line = _one_line(*call(5000)[::2], 2)
+    assert line.endswith(f'tool arguments hold an integer of more than {limit} digits, more than Python converts to '
+                         'or from text'), line
+    assert _one_line(*call(100)[::2], 2).endswith('is greater than the maximum of 5')   # the control
+    tool = Tool.from_spec(dict(name='echo', parameters=schema, call=lambda args: 'ran'))
+    assert tool.call({'n': 10 ** 5000}) == (f'error: invalid arguments for echo: n: an integer of more than {limit} '
+                                            'digits, more than Python converts to or from text; the call was not made')
+    assert tool.call({'n': 10 ** 100}).endswith('is greater than the maximum of 5')   # the control
+    assert tool.call({'n': 5}) == 'ran'
+
+SHARED_CORE_CHECK = ('import json, os, sys, time, regex\n'
+                     'os.sched_setaffinity(0, {int(sys.argv[1])})\n'
+                     'from apex3.agent.tools import Tool\n'
+                     'pattern, text = "^(a|a)*$", "a" * 40 + "!"\n'
+                     't0 = time.monotonic()\n'
+                     'try: regex.search(pattern, text, timeout=1.0)\n'
+                     'except TimeoutError: pass\n'
+                     'alone = time.monotonic() - t0\n'
+                     'schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}}\n'
+                     'tool = Tool.from_spec(dict(name="echo", parameters=schema, call=None))\n'
+                     't0 = time.monotonic()\n'
+                     'refused = tool.invalid({"s": text})\n'
+                     'print(json.dumps([alone, time.monotonic() - t0, refused]))')
+
+def test_the_pattern_budget_is_wall_time_on_a_busy_core():
+    """On a core shared with a busy process, a backtracking pattern is refused within `PATTERN_S` of wall time (plus
+    slack). The control: `regex.search` alone, with the same timeout, returns well after it, since `regex` counts the
+    process's CPU time, of which this process gets about half."""
+    core = max(os.sched_getaffinity(0))
+    busy = subprocess.Popen([sys.executable, '-c', f'import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass'])
+    env = {**os.environ, 'PYTHONPATH': str(Path(__file__).parents[1])}
+    try: p = subprocess.run([sys.executable, '-c', SHARED_CORE_CHECK, str(core)], capture_output=True, text=True,
+                            env=env, timeout=120)
+    finally:
+        busy.kill(); busy.wait()
+    alone, checked, refused = json.loads(p.stdout)
+    assert refused.startswith("invalid arguments for echo: the schema pattern '^(a|a)*$' did not finish"), refused
+    assert checked < PATTERN_S + 0.4 < alone, (checked, alone)   # alone: the control

@@ -2,8 +2,8 @@
 import contextlib, errno, io, os, pathlib, shutil, stat, subprocess, sys, tempfile, time
 import pytest
 from apex3.usage import UsageError, run_command
-from apex3.agent.sandbox import (_plain, BwrapSandbox, DockerSandbox, Limits, Workspace, bwrap_argv, get_sandbox,
-                                 docker_client)
+from apex3.agent.sandbox import (_plain, SANDBOX_UID, BwrapSandbox, DockerSandbox, Limits, Workspace, bwrap_argv,
+                                 get_sandbox, docker_client)
 from apex3.agent.escapes import (SUITE_LIMITS as SUITE, SUITE_ROWS, BAIT_VAR, NullSandbox, control_suite, escape_suite,
                                  escape_table, sandbox_main)
 
@@ -454,3 +454,48 @@ def test_links_chained_without_end_do_not_hold_the_copy_back(open_folder, caplog
         with pytest.raises(subprocess.TimeoutExpired): walk.wait(timeout=3)   # the control: still walking
     finally:
         walk.kill(); walk.wait(); shutil.rmtree(tree)
+
+FORGED = ('bad\nname', '/etc/x\n\x1b[31msandbox workdir /home: a forged line')   # a link's name and target
+
+@needs_bwrap
+@needs_root
+@pytest.mark.parametrize('without', [(), ('disk quota',)], ids=['copied back', 'written in place'])
+def test_a_dropped_links_warning_is_one_line_whatever_the_link_holds(open_folder, caplog, without):
+    """A run leaves a link out of the folder whose name and target hold a newline and an escape sequence: the link
+    is dropped with one warning line, the name and target shown escaped. The control: the link as the run left it
+    holds both characters, which printed raw would start a line of the run's choosing."""
+    name, target = FORGED
+    sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(open_folder), without=without)
+    assert sb.run(['ln', '-s', target, name]).ok
+    left = os.readlink(os.path.join(sb.workdir, name))
+    sb.close()
+    assert '\n' in left and '\x1b' in left   # the control
+    assert not os.path.lexists(open_folder / name)
+    lines = [r.getMessage() for r in caplog.records if str(open_folder) in r.getMessage()]
+    assert len(lines) == 1 and '\n' not in lines[0] and '\x1b' not in lines[0], lines
+    assert lines[0].endswith(f'(the first: {name!r} -> {target!r})'), lines
+
+@needs_bwrap
+@needs_root
+def test_a_folder_written_in_place_goes_back_to_its_owner(open_folder):
+    """As root without the quota, the named folder is lent to the sandbox's uid for the run: after close the folder and
+    what the run wrote in it are its owner's again (uid and gid), a file that was there stays as it was, and a file
+    with a hard link outside the folder is not chowned through it. The control: until close, the host sees the folder
+    and the run's files as the sandbox uid's."""
+    owner, folder = (1234, 2345), open_folder
+    os.chown(folder, *owner)
+    (folder / 'before').write_text('x')   # root's
+    fd, outside = tempfile.mkstemp()   # the sandbox uid's file on the same disk, hard linked in below
+    os.close(fd)
+    os.chown(outside, SANDBOX_UID, SANDBOX_UID)
+    try:
+        sb = BwrapSandbox(Limits(wall_s=20), workdir=str(folder), without={'disk quota'})
+        assert sb.run(['sh', '-c', 'echo hi > new && mkdir d && echo x > d/f && ln new hl']).ok
+        os.link(outside, folder / 'linked')
+        owners = lambda names: {n: (os.lstat(folder / n).st_uid, os.lstat(folder / n).st_gid) for n in names}
+        ran = ['.', 'new', 'd', 'd/f', 'hl']
+        assert owners(ran) == {n: (SANDBOX_UID, SANDBOX_UID) for n in ran}   # the control
+        sb.close()
+        assert owners(ran) == {n: owner for n in ran}
+        assert owners(['before']) == {'before': (0, 0)} and os.stat(outside).st_uid == SANDBOX_UID
+    finally: os.unlink(outside)

@@ -14,7 +14,7 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.types import CONNECTION_CLOSED
 from mcp.client.stdio import stdio_client
 from ..usage import UsageError, ArgParser, in_range, run_command
-from .tools import Tool
+from .tools import Tool, long_int_why
 
 # %% ../../nbs/63_mcp.ipynb #95ad246e
 class MCPToolError(RuntimeError):
@@ -129,10 +129,12 @@ def _text(result):
     return '\n'.join(parts)
 
 async def _check_args(client, name, args):
-    "Refuse (`UsageError`) a tool the server does not have, or `args` its input schema does not allow."
+    """Refuse (`UsageError`) a tool the server does not have, or `args` its input schema does not allow. The check
+    runs without a pause the session's deadline could stop, so it gets the session's time left as its own bound."""
     tools = {t.name: t for t in (await client.list_tools()).tools}
     if name not in tools: raise UsageError(f"the MCP server has no tool {name!r} (it has {', '.join(tools)})")
-    problem = Tool.from_spec(dict(_as_spec(tools[name]), call=None)).invalid(args)
+    left = max(anyio.current_effective_deadline() - anyio.current_time(), 0.0)
+    problem = Tool.from_spec(dict(_as_spec(tools[name]), call=None), timeout=left).invalid(args)
     if problem: raise UsageError(problem)
 
 def call_tool(name, args, command=None, url=None, timeout=30.0, check_args=False):
@@ -182,6 +184,8 @@ def call_main(argv=None):
     a = p.parse_args(argv)
     try: args = json.loads(a.args)
     except json.JSONDecodeError as e: raise UsageError(f'tool arguments are not JSON: {e}')
+    # json's only other ValueError: int() past Python's limit of digits, whose own words advise a Python setting
+    except ValueError: raise UsageError(f'tool arguments hold {long_int_why()}') from None
     except RecursionError: raise UsageError('tool arguments are nested too deep') from None
     try: print(call_tool(a.tool, args, a.mcp, a.mcp_url, a.timeout, check_args=True))
     except MCPStartError as e: raise UsageError(str(e))

@@ -262,7 +262,8 @@ class _LinkRule:
     def allows(self, rel):
         inside, unchanged = _walk_link(self.tree, rel, self.top, self.own, budget=self.budget)
         if inside or unchanged: return True
-        self.dropped.append(f'{rel} -> {os.readlink(os.path.join(self.tree, rel))}')
+        # repr: the run chose name and target, and a newline or an escape sequence in them would forge log lines
+        self.dropped.append(f'{rel!r} -> {os.readlink(os.path.join(self.tree, rel))!r}')
         return False
     def warn(self, what):
         unwalked = ', or past what the check walks for one run' if self.budget[0] < 0 else ''
@@ -391,6 +392,7 @@ class Workspace:
             raise UsageError(f'sandbox workdir {workdir} is not a folder')
         self.origin, self.disk_mb, self.closed = workdir and os.path.abspath(workdir), disk_mb, False
         self.copied_in = False  # only then does close() copy back: a refused folder is left as it was
+        self.owner = None       # (uid, gid) of a named folder lent to the sandbox's uid for the run, given back
         self.own = self._own_entries() if workdir is not None else ({}, set())   # what the run may leave as it is
         self.quota = quota and self._can_mount()
         self.path = self.origin if self.origin and not self.quota else tempfile.mkdtemp(prefix='apex3-ws-')
@@ -399,7 +401,9 @@ class Workspace:
             self._warn(f'mounting a tmpfs failed: {why}')
         try:
             if self.quota and self.origin: self._copy_in()
-            elif os.geteuid() == 0: os.chown(self.path, SANDBOX_UID, SANDBOX_UID)
+            elif os.geteuid() == 0:
+                if self.path == self.origin: self.owner = _owner(self.path)
+                os.chown(self.path, SANDBOX_UID, SANDBOX_UID)
         except BaseException:
             self.close()
             raise
@@ -439,6 +443,7 @@ class Workspace:
             if self.quota and self.copied_in: _copy_back(self.path, self.origin, self.own[0])
             elif self.origin and not self.quota: _tidy_in_place(self.origin, *self.own)
         finally:
+            if self.owner: _give_back(self.origin, *self.owner)
             if self.quota: _unmount(self.path)
             if self.path != self.origin: remove_tree(self.path)
 
@@ -460,7 +465,26 @@ def _tidy_in_place(folder, own_links, own_odd):
             with contextlib.suppress(OSError): _plain_mode(e.path)
     rule.warn('were removed')
     if odd: _log.warning('sandbox workdir %s: %d fifo(s), socket(s) or device(s) the run left were removed (the '
-                         'first: %s)', folder, len(odd), odd[0])
+                         'first: %r)', folder, len(odd), odd[0])
+
+def _owner(path):
+    st = os.stat(path)
+    return st.st_uid, st.st_gid
+
+def _give_back(folder, uid, gid):
+    """The named folder, and what the run wrote in it (what the sandbox's uid owns), back to the folder's owner: lent to
+    `nobody` for the run, they stayed its, out of the owner's hands and open to every later sandbox. A file with a
+    hard link outside the folder stays as it is: chowning it would reach that other name too."""
+    with contextlib.suppress(OSError): os.chown(folder, uid, gid)
+    theirs, names = [], {}
+    for _, e in _entries(folder):
+        st = e.stat(follow_symlinks=False)
+        if st.st_uid != SANDBOX_UID: continue
+        theirs.append((e.path, st))
+        names[st.st_dev, st.st_ino] = names.get((st.st_dev, st.st_ino), 0) + 1
+    for path, st in theirs:
+        if stat.S_ISDIR(st.st_mode) or names[st.st_dev, st.st_ino] == st.st_nlink:
+            with contextlib.suppress(OSError): os.lchown(path, uid, gid)
 
 def _open_workspace(owner, workdir, limits, without):
     "(workspace, folder, close) for sandbox `owner`; `close` also runs when `owner` is garbage-collected."

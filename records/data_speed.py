@@ -47,9 +47,10 @@ def child(task, src, out, workers=1):
     from apex3.data.core import LocalExecutor, list_shards, read_jsonl_zst
     src, out = Path(src), Path(out)
     if out.exists(): shutil.rmtree(out)
-    stages = (dedup_stages if task.split(':')[0] == 'dedup' else clean_stages)(src, out)
     t0 = time.perf_counter()
-    with LocalExecutor(int(workers), progress=False) as ex: recs = [ex.run(st) for st in stages]
+    with LocalExecutor(int(workers), progress=False) as ex:   # first, as `apex3 data` makes it: its pool starts now
+        stages = (dedup_stages if task.split(':')[0] == 'dedup' else clean_stages)(src, out)
+        recs = [ex.run(st) for st in stages]
     wall = time.perf_counter() - t0
     removed = [json.loads(l)['id'] for f in list_shards(out/'kept'/'rejects') for l in read_jsonl_zst(f)]
     docs_out = sum(r['counts'].get('docs_out', 0) for r in recs[-1])

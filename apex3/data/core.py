@@ -449,6 +449,9 @@ def _worker_init(parent, started, die):
     if die: die_with_parent(parent)
     atexit.register(_end_at_once)  # last: a worker whose start failed ends as usual, with its status
 
+def _started_up():
+    "A pool worker's first call (`LocalExecutor.start`): nothing; starting the worker is the point."
+
 def _run_and_report(stage, i):
     "`run_task` in a pool worker, telling the parent first which task this process starts."
     _STARTED.put((os.getpid(), stage.name, i))
@@ -497,8 +500,15 @@ class LocalExecutor(Executor):
         self._pool = self._feeder = None
         self.restart = restart  # redo tasks finished with other parameters or inputs, rather than refuse them
         self._started, self._running = None, {}
+        if workers > 1: self.start()
+    def start(self):
+        """Start the pool's processes now, as `multiprocessing.Pool` does: their start-up (a Python and its imports,
+        about 0.1 s each) overlaps what this process does before its first stage rather than its first tasks."""
+        pool = self.pool()
+        for _ in range(self.workers - 1): self._feeder.submit(pool.submit, _started_up)   # each call starts one
     def pool(self):
-        "The process pool, started on first use and kept for the next stages; its workers end when this process does."
+        """The process pool (made by `start`, or again on use after `close`), kept for the next stages; its workers end
+        when this process does."""
         if self._pool is None:
             import concurrent.futures as cf, multiprocessing as mp
             ctx = mp.get_context('spawn')

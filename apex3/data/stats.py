@@ -208,19 +208,22 @@ def latest_against(df, other='matched') -> pd.DataFrame:
 
 # %% ../../nbs/5c_stats.ipynb #4a976b68
 def scaling_table(df) -> pd.DataFrame:
-    "apex3's one- and two-worker runs paired by repeat, per (size, task): CPU ratio, wall efficiency T1 / (2 T2), load."
+    """apex3's one- and two-worker runs paired by repeat, per (size, task): CPU ratio, wall efficiency T1 / (2 T2) of
+    the whole process and of its stages alone (without starting Python and the imports), load."""
     a = df[(df.impl == 'apex3') & df.figure & df.workers.isin([1, 2])]
-    w = a.pivot_table(index=['size_mb', 'task', 'repeat'], columns='workers', values=['proc_cpu_s', 'proc_wall_s'])
+    w = a.pivot_table(index=['size_mb', 'task', 'repeat'], columns='workers',
+                      values=['proc_cpu_s', 'proc_wall_s', 'stage_wall_s'])
     if 2 not in w.columns.get_level_values(1): return pd.DataFrame()
     w = w.dropna()
     r = pd.DataFrame({'cpu_ratio': w.proc_cpu_s[2] / w.proc_cpu_s[1],
-                      'efficiency': w.proc_wall_s[1] / (2 * w.proc_wall_s[2])})
+                      'efficiency': w.proc_wall_s[1] / (2 * w.proc_wall_s[2]),
+                      'stage_efficiency': w.stage_wall_s[1] / (2 * w.stage_wall_s[2])})
     load = a.groupby(['size_mb', 'task']).loadavg_before.agg(lambda l: (min(x[0] for x in l), max(x[0] for x in l)))
     g = r.groupby(level=['size_mb', 'task'])
     return pd.DataFrame({'pairs': g.size(), 'cpu_ratio_median': g.cpu_ratio.median(),
                          'efficiency_median': g.efficiency.median(),
                          'efficiency_min': g.efficiency.min(), 'efficiency_max': g.efficiency.max(),
-                         'load': load}).reset_index()
+                         'stage_efficiency_median': g.stage_efficiency.median(), 'load': load}).reset_index()
 
 # %% ../../nbs/5c_stats.ipynb #4f522c95
 def plot_disagree(dis, threshold=0.7):

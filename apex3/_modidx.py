@@ -203,6 +203,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                  'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._LinkRule.allows': ('sandbox.html#_linkrule.allows', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._LinkRule.warn': ('sandbox.html#_linkrule.warn', 'apex3/agent/sandbox.py'),
+                                     'apex3.agent.sandbox._below': ('sandbox.html#_below', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._capped': ('sandbox.html#_capped', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._check_cmd': ('sandbox.html#_check_cmd', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._copy_back': ('sandbox.html#_copy_back', 'apex3/agent/sandbox.py'),

@@ -499,3 +499,31 @@ def test_a_folder_written_in_place_goes_back_to_its_owner(open_folder):
         assert owners(ran) == {n: owner for n in ran}
         assert owners(['before']) == {'before': (0, 0)} and os.stat(outside).st_uid == SANDBOX_UID
     finally: os.unlink(outside)
+
+@needs_bwrap
+@needs_root
+def test_a_folder_swapped_for_a_link_is_not_given_back_through(open_folder, monkeypatch):
+    """The folder is given back by descriptor: a folder of the run that another process as the sandbox's uid swaps for
+    a link to elsewhere while it is given back is not entered, and the file there keeps its owner. The control: a
+    chown by path after the same swap reaches that file through the link."""
+    from apex3.agent import sandbox as sbm
+    owner, folder, elsewhere = (1234, 2345), open_folder, pathlib.Path(tempfile.mkdtemp())
+    os.chown(folder, *owner)
+    try:
+        (elsewhere / 'f').write_text('x')
+        os.chown(elsewhere / 'f', SANDBOX_UID, SANDBOX_UID)
+        sb = BwrapSandbox(Limits(wall_s=20), workdir=str(folder), without={'disk quota'})
+        assert sb.run(['sh', '-c', 'mkdir d && echo x > d/f']).ok
+        walks, below = [], sbm._below
+        def swapping(top):   # between the count of names and the chown: d becomes a link to elsewhere
+            walks.append(top)
+            if len(walks) == 2:
+                shutil.rmtree(folder / 'd')
+                os.symlink(elsewhere, folder / 'd')
+            return below(top)
+        monkeypatch.setattr(sbm, '_below', swapping)
+        sb.close()
+        assert len(walks) == 2 and os.stat(elsewhere / 'f').st_uid == SANDBOX_UID
+        os.lchown(folder / 'd' / 'f', *owner)   # the control
+        assert os.stat(elsewhere / 'f').st_uid == owner[0]
+    finally: shutil.rmtree(elsewhere)

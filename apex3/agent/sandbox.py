@@ -11,6 +11,7 @@ __all__ = ['PROTECTIONS', 'PROBE_S', 'SANDBOX_UID', 'SANDBOX_PYTHON', 'SANDBOX_E
 # %% ../../nbs/62_sandbox.ipynb #54f80bbb
 import contextlib, json, logging, os, secrets, shutil, resource, signal, socket, stat, subprocess, sys, tempfile
 import threading, time, weakref
+from collections import Counter
 from dataclasses import dataclass, replace
 from ..usage import UsageError, ArgParser, os_error_line, run_command
 
@@ -471,20 +472,48 @@ def _owner(path):
     st = os.stat(path)
     return st.st_uid, st.st_gid
 
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+def _below(top):
+    """(folder descriptor, name, lstat) of every entry under the open folder `top`, walked by descriptor: no link is
+    followed, so a folder swapped for a link meanwhile is not entered, where a path would be resolved through it. A
+    folder's descriptor is open while its entries are yielded (one per level: a tree too deep for them is cut)."""
+    stack = [(top, list(os.scandir(top)))]
+    try:
+        while stack:
+            dfd, left = stack[-1]
+            if not left:
+                stack.pop()
+                if dfd != top: os.close(dfd)
+                continue
+            e = left.pop()
+            try: st = e.stat(follow_symlinks=False)
+            except OSError: continue   # gone meanwhile
+            yield dfd, e.name, st
+            if not stat.S_ISDIR(st.st_mode): continue
+            try: sub = os.open(e.name, _DIR_NOFOLLOW, dir_fd=dfd)
+            except OSError: continue   # swapped for a link, or no descriptor left
+            try: stack.append((sub, list(os.scandir(sub))))
+            except OSError: os.close(sub)
+    finally:
+        for dfd, _ in stack:
+            if dfd != top: os.close(dfd)
+
 def _give_back(folder, uid, gid):
     """The named folder, and what the run wrote in it (what the sandbox's uid owns), back to the folder's owner: lent to
     `nobody` for the run, they stayed its, out of the owner's hands and open to every later sandbox. A file with a
-    hard link outside the folder stays as it is: chowning it would reach that other name too."""
-    with contextlib.suppress(OSError): os.chown(folder, uid, gid)
-    theirs, names = [], {}
-    for _, e in _entries(folder):
-        st = e.stat(follow_symlinks=False)
-        if st.st_uid != SANDBOX_UID: continue
-        theirs.append((e.path, st))
-        names[st.st_dev, st.st_ino] = names.get((st.st_dev, st.st_ino), 0) + 1
-    for path, st in theirs:
-        if stat.S_ISDIR(st.st_mode) or names[st.st_dev, st.st_ino] == st.st_nlink:
-            with contextlib.suppress(OSError): os.lchown(path, uid, gid)
+    hard link outside the folder stays as it is: chowning it would reach that other name too. Walked by descriptor
+    (`_below`): the run's folders are `nobody`'s until given back, and another process as `nobody` could swap one for a
+    link to anywhere, through which a chown by path would reach."""
+    try: top = os.open(folder, _DIR_NOFOLLOW)
+    except OSError: return
+    try:
+        with contextlib.suppress(OSError): os.fchown(top, uid, gid)
+        names = Counter((st.st_dev, st.st_ino) for _, _, st in _below(top))
+        for dfd, name, st in _below(top):   # a folder is given back before what it holds is walked
+            if st.st_uid == SANDBOX_UID and (stat.S_ISDIR(st.st_mode) or names[st.st_dev, st.st_ino] == st.st_nlink):
+                with contextlib.suppress(OSError): os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
+    finally: os.close(top)
 
 def _open_workspace(owner, workdir, limits, without):
     "(workspace, folder, close) for sandbox `owner`; `close` also runs when `owner` is garbage-collected."

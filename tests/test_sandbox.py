@@ -515,15 +515,42 @@ def test_a_folder_swapped_for_a_link_is_not_given_back_through(open_folder, monk
         sb = BwrapSandbox(Limits(wall_s=20), workdir=str(folder), without={'disk quota'})
         assert sb.run(['sh', '-c', 'mkdir d && echo x > d/f']).ok
         walks, below = [], sbm._below
-        def swapping(top):   # between the count of names and the chown: d becomes a link to elsewhere
+        def swapping(top):   # the tidy, the count of names, the chown: before the chown, d becomes a link elsewhere
             walks.append(top)
-            if len(walks) == 2:
+            if len(walks) == 3:
                 shutil.rmtree(folder / 'd')
                 os.symlink(elsewhere, folder / 'd')
             return below(top)
         monkeypatch.setattr(sbm, '_below', swapping)
         sb.close()
-        assert len(walks) == 2 and os.stat(elsewhere / 'f').st_uid == SANDBOX_UID
+        assert len(walks) == 3 and os.stat(elsewhere / 'f').st_uid == SANDBOX_UID
         os.lchown(folder / 'd' / 'f', *owner)   # the control
         assert os.stat(elsewhere / 'f').st_uid == owner[0]
+    finally: shutil.rmtree(elsewhere)
+
+@needs_bwrap
+@needs_root
+def test_a_folder_swapped_for_a_link_is_not_tidied_through(open_folder, monkeypatch):
+    """A link the run leaves out of the folder is removed where it is, by descriptor: its folder swapped meanwhile for
+    a link to elsewhere, root does not remove the file of that name there. The control: a removal by path after the
+    same swap does."""
+    from apex3.agent import sandbox as sbm
+    folder, elsewhere = open_folder, pathlib.Path(tempfile.mkdtemp())
+    try:
+        (elsewhere / 'out').write_text('the host keeps this')
+        sb = BwrapSandbox(Limits(wall_s=20), workdir=str(folder), without={'disk quota'})
+        assert sb.run(['sh', '-c', 'mkdir d && ln -s /etc/shadow d/out']).ok
+        below = sbm._below
+        def swapping(top):   # once d/out is found, d becomes a link to elsewhere before it is removed
+            for dfd, rel, st in below(top):
+                if rel == 'd/out' and not (folder / 'd').is_symlink():
+                    os.rename(folder / 'd', folder / 'd.moved')
+                    os.symlink(elsewhere, folder / 'd')
+                yield dfd, rel, st
+        monkeypatch.setattr(sbm, '_below', swapping)
+        sb.close()
+        assert (elsewhere / 'out').read_text() == 'the host keeps this'
+        assert not os.path.lexists(folder / 'd.moved' / 'out')   # the link the run left is gone from where it was
+        os.unlink(folder / 'd' / 'out')   # the control: a path is resolved through the link
+        assert not (elsewhere / 'out').exists()
     finally: shutil.rmtree(elsewhere)

@@ -217,7 +217,11 @@ def tree_mb(folder, blocks=True):
 
 def _odd(e):
     "A fifo, socket or device: nothing a copy carries, and a host tool that opens a fifo waits for ever."
-    return not (e.is_symlink() or e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False))
+    return _odd_mode(e.stat(follow_symlinks=False).st_mode)
+
+def _odd_mode(mode) -> bool:
+    "`_odd` of an entry by its lstat mode."
+    return not (stat.S_ISLNK(mode) or stat.S_ISDIR(mode) or stat.S_ISREG(mode))
 
 LINK_STEPS = 300_000   # path parts the link check walks for one tree: a venv's thousands of links take a tenth of it
 
@@ -261,10 +265,13 @@ class _LinkRule:
     def __init__(self, tree, top, own):
         self.tree, self.top, self.own, self.dropped, self.budget = tree, top, own, [], [LINK_STEPS]
     def allows(self, rel):
-        inside, unchanged = _walk_link(self.tree, rel, self.top, self.own, budget=self.budget)
+        try: inside, unchanged = _walk_link(self.tree, rel, self.top, self.own, budget=self.budget)
+        except OSError: inside = unchanged = False   # changed while it was walked: not shown to stay inside
         if inside or unchanged: return True
+        try: target = os.readlink(os.path.join(self.tree, rel))
+        except OSError: target = '(changed while checked)'
         # repr: the run chose name and target, and a newline or an escape sequence in them would forge log lines
-        self.dropped.append(f'{rel!r} -> {os.readlink(os.path.join(self.tree, rel))!r}')
+        self.dropped.append(f'{rel!r} -> {target!r}')
         return False
     def warn(self, what):
         unwalked = ', or past what the check walks for one run' if self.budget[0] < 0 else ''
@@ -448,22 +455,35 @@ class Workspace:
             if self.quota: _unmount(self.path)
             if self.path != self.origin: remove_tree(self.path)
 
-def _special_bits(e):
-    """Whether the file or folder `e` is setuid, setgid or sticky: written in place by the sandbox's uid (nobody, for
-    root), a setuid copy of python3 lets any local user act as that uid, in every other sandbox's workspace too."""
-    return not e.is_symlink() and not _odd(e) and bool(e.stat(follow_symlinks=False).st_mode & 0o7000)
+def _special_bits(st) -> bool:
+    """Whether a file or folder (its lstat `st`) is setuid, setgid or sticky: written in place by the sandbox's uid
+    (nobody, for root), a setuid copy of python3 lets any local user act as that uid, in every other sandbox's
+    workspace too."""
+    return (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) and bool(st.st_mode & 0o7000)
+
+def _plain_mode_at(dfd, name):
+    "`_plain_mode` of the entry `name` of the open folder `dfd`, opened without following a link."
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+    try: os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & 0o777)
+    finally: os.close(fd)
 
 def _tidy_in_place(folder, own_links, own_odd):
     """What the copy back leaves behind, removed from a named folder the sandbox wrote in directly (no quota): links
     that lead out of it (`_LinkRule`) and fifos, sockets and devices it did not hold before; one warning line each.
-    Setuid, setgid and sticky bits are dropped, as the copy back drops them (`_plain_mode`)."""
+    Setuid, setgid and sticky bits are dropped, as the copy back drops them (`_plain_mode`). Walked by descriptor
+    (`_below`), as `_give_back` is: root removes and changes only what is in the folder."""
     rule, odd = _LinkRule(folder, folder, own_links), []
-    for rel, e in list(_entries(folder)):   # listed first: what is removed is not walked
-        if (e.is_symlink() and not rule.allows(rel)) or (_odd(e) and rel not in own_odd):
-            if _odd(e): odd.append(rel)
-            with contextlib.suppress(OSError): os.unlink(e.path)
-        elif _special_bits(e):
-            with contextlib.suppress(OSError): _plain_mode(e.path)
+    try: top = os.open(folder, _DIR_NOFOLLOW)
+    except OSError: return
+    try:
+        for dfd, rel, st in _below(top):   # a link or odd file removed here is never walked into
+            name, weird = os.path.basename(rel), _odd_mode(st.st_mode)
+            if (stat.S_ISLNK(st.st_mode) and not rule.allows(rel)) or (weird and rel not in own_odd):
+                if weird: odd.append(rel)
+                with contextlib.suppress(OSError): os.unlink(name, dir_fd=dfd)
+            elif _special_bits(st):
+                with contextlib.suppress(OSError): _plain_mode_at(dfd, name)
+    finally: os.close(top)
     rule.warn('were removed')
     if odd: _log.warning('sandbox workdir %s: %d fifo(s), socket(s) or device(s) the run left were removed (the '
                          'first: %r)', folder, len(odd), odd[0])
@@ -475,13 +495,14 @@ def _owner(path):
 _DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 def _below(top):
-    """(folder descriptor, name, lstat) of every entry under the open folder `top`, walked by descriptor: no link is
+    """(folder descriptor, path relative to `top`, lstat) of every entry under the open folder `top`, walked by
+    descriptor: no link is
     followed, so a folder swapped for a link meanwhile is not entered, where a path would be resolved through it. A
     folder's descriptor is open while its entries are yielded (one per level: a tree too deep for them is cut)."""
-    stack = [(top, list(os.scandir(top)))]
+    stack = [(top, '', list(os.scandir(top)))]
     try:
         while stack:
-            dfd, left = stack[-1]
+            dfd, at, left = stack[-1]
             if not left:
                 stack.pop()
                 if dfd != top: os.close(dfd)
@@ -489,14 +510,14 @@ def _below(top):
             e = left.pop()
             try: st = e.stat(follow_symlinks=False)
             except OSError: continue   # gone meanwhile
-            yield dfd, e.name, st
+            yield dfd, at + e.name, st
             if not stat.S_ISDIR(st.st_mode): continue
             try: sub = os.open(e.name, _DIR_NOFOLLOW, dir_fd=dfd)
             except OSError: continue   # swapped for a link, or no descriptor left
-            try: stack.append((sub, list(os.scandir(sub))))
+            try: stack.append((sub, f'{at}{e.name}/', list(os.scandir(sub))))
             except OSError: os.close(sub)
     finally:
-        for dfd, _ in stack:
+        for dfd, _, _ in stack:
             if dfd != top: os.close(dfd)
 
 def _give_back(folder, uid, gid):
@@ -510,9 +531,10 @@ def _give_back(folder, uid, gid):
     try:
         with contextlib.suppress(OSError): os.fchown(top, uid, gid)
         names = Counter((st.st_dev, st.st_ino) for _, _, st in _below(top))
-        for dfd, name, st in _below(top):   # a folder is given back before what it holds is walked
+        for dfd, rel, st in _below(top):   # a folder is given back before what it holds is walked
             if st.st_uid == SANDBOX_UID and (stat.S_ISDIR(st.st_mode) or names[st.st_dev, st.st_ino] == st.st_nlink):
-                with contextlib.suppress(OSError): os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
+                with contextlib.suppress(OSError):
+                    os.chown(os.path.basename(rel), uid, gid, dir_fd=dfd, follow_symlinks=False)
     finally: os.close(top)
 
 def _open_workspace(owner, workdir, limits, without):

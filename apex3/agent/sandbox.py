@@ -496,9 +496,9 @@ _DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 def _below(top):
     """(folder descriptor, path relative to `top`, lstat) of every entry under the open folder `top`, walked by
-    descriptor: no link is
-    followed, so a folder swapped for a link meanwhile is not entered, where a path would be resolved through it. A
-    folder's descriptor is open while its entries are yielded (one per level: a tree too deep for them is cut)."""
+    descriptor: no link is followed, so a folder swapped for a link meanwhile is not entered, where a path would be
+    resolved through it. A folder's descriptor is open while its entries are yielded (one per level: a tree too deep
+    for them is cut)."""
     stack = [(top, '', list(os.scandir(top)))]
     try:
         while stack:

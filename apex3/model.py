@@ -240,7 +240,9 @@ def route(x, router_weight, router_bias, top_k, route_scale=1.0, linear=F.linear
     scores = linear(x.to(dt), router_weight.to(dt)).sigmoid()
     idx = (scores + router_bias.float()).topk(top_k, dim=-1, sorted=sorted).indices
     gates = scores.gather(-1, idx)
-    return scores, idx, gates / gates.sum(-1, keepdim=True) * route_scale
+    # every chosen score can underflow to 0 (router logits below about -104 in fp32): 0/0 would be NaN, and the
+    # token's routed output then adds nothing
+    return scores, idx, gates / gates.sum(-1, keepdim=True).clamp_min(torch.finfo(dt).tiny) * route_scale
 
 def seq_aux_loss(scores, idx, batch, alpha):
     "DeepSeek-V3 sequence-wise balance loss: alpha * sum_i f_i * P_i per sequence, averaged over the batch."

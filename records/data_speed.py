@@ -46,9 +46,9 @@ def child(task, src, out, workers=1):
     import shutil
     from apex3.data.core import LocalExecutor, list_shards, read_jsonl_zst
     src, out = Path(src), Path(out)
-    if out.exists(): shutil.rmtree(out)
-    t0 = time.perf_counter()
     with LocalExecutor(int(workers), progress=False) as ex:   # first, as `apex3 data` makes it: its pool starts now
+        if out.exists(): shutil.rmtree(out)   # the last run's output, while the pool's processes start
+        t0 = time.perf_counter()
         stages = (dedup_stages if task.split(':')[0] == 'dedup' else clean_stages)(src, out)
         recs = [ex.run(st) for st in stages]
     wall = time.perf_counter() - t0

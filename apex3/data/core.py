@@ -440,11 +440,14 @@ def _end_at_once():
 
 def _worker_init(parent, started, die):
     """Pool worker initializer: keep the queue of started tasks and freed memory, native thread pools of one thread
-    (unless the environment names a size); with `die`, end when `parent` ends; at exit, end at once."""
+    (unless the environment names a size); with `die`, end when `parent` ends; at exit, end at once. It imports numpy
+    now, while it waits for its first task: the stages' arrays need it, and its import (about 50 ms) would otherwise
+    make this worker's first task start that much after this process's."""
     import atexit
     global _STARTED
     _STARTED = started
     for k in _NATIVE_POOLS: os.environ.setdefault(k, '1')
+    import numpy  # after the sizes of its native pools are set
     keep_freed_memory()
     if die: die_with_parent(parent)
     atexit.register(_end_at_once)  # last: a worker whose start failed ends as usual, with its status

@@ -600,31 +600,46 @@ def test_a_stream_that_fails_ends_in_an_error_event_and_one_log_line(server, mon
         assert any(r.exc_info and 'Exception in ASGI application' in r.getMessage() for r in lines), lines
 
 
-def _slow_post(url, body, every, linger=3):
-    """(status, seconds to the answer, whether the server closed the connection) of a POST whose body is sent a byte
-    every `every` seconds, as a slowloris client does: the client goes on sending after the answer, for `linger`
-    seconds, and the connection counts as closed if the server ends it by then."""
-    import select, socket, urllib.parse
+def _trickle(s, data, every, linger=3):
+    """(status, seconds to the answer, whether the server closed the connection) of sending `data` on the connected
+    socket `s` a byte every `every` seconds until the server answers, as a slowloris client does: the client goes on
+    sending after the answer, for `linger` seconds, and the connection counts as closed if the server ends it by then."""
+    import select
+    t0, i = time.time(), 0
+    while i < len(data) and not select.select([s], [], [], every)[0]:
+        s.sendall(data[i:i + 1])
+        i += 1
+    answer = b''
+    while b'\r\n\r\n' not in answer:
+        part = s.recv(65536)
+        assert part, f'the server closed the connection with no answer: {answer!r}'
+        answer += part
+    took, end = time.time() - t0, time.time() + linger
+    while time.time() < end:
+        try:
+            if select.select([s], [], [], every)[0]:
+                if not s.recv(65536): return int(answer.split()[1]), took, True
+            elif i < len(data):
+                s.sendall(data[i:i + 1])
+                i += 1
+        except ConnectionError: return int(answer.split()[1]), took, True
+    return int(answer.split()[1]), took, False
+
+
+def _connected(url):
+    "A raw TCP connection to the server of `url`, and the path of its API (`/v1`)."
+    import socket, urllib.parse
     u = urllib.parse.urlparse(url)
-    with socket.create_connection((u.hostname, u.port), timeout=60) as s:
-        s.sendall(f'POST {u.path}/completions HTTP/1.1\r\nHost: {u.hostname}\r\nContent-Type: application/json\r\n'
+    return socket.create_connection((u.hostname, u.port), timeout=60), u.path
+
+
+def _slow_post(url, body, every, linger=3):
+    "`_trickle` of a POST whose head is sent at once and its body a byte every `every` seconds."
+    s, path = _connected(url)
+    with s:
+        s.sendall(f'POST {path}/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n'
                   f'Content-Length: {len(body)}\r\n\r\n'.encode())
-        t0, i = time.time(), 0
-        while i < len(body) and not select.select([s], [], [], every)[0]:
-            s.sendall(body[i:i + 1])
-            i += 1
-        answer = b''
-        while b'\r\n\r\n' not in answer: answer += s.recv(65536)
-        took, end = time.time() - t0, time.time() + linger
-        while time.time() < end:
-            try:
-                if select.select([s], [], [], every)[0]:
-                    if not s.recv(65536): return int(answer.split()[1]), took, True
-                elif i < len(body):
-                    s.sendall(body[i:i + 1])
-                    i += 1
-            except ConnectionError: return int(answer.split()[1]), took, True
-        return int(answer.split()[1]), took, False
+        return _trickle(s, body, every, linger)
 
 
 def test_a_body_sent_a_byte_at_a_time_is_cut_off(demo, monkeypatch):
@@ -645,6 +660,70 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_off(demo, monkeypatch):
     plain = serve_mod.JSONResponse
     monkeypatch.setattr(serve_mod, 'JSONResponse', lambda content, status=200, headers=None: plain(content, status))
     assert slow(0.5)[::2] == (408, False)
+
+
+def test_a_head_sent_a_byte_at_a_time_is_cut_off(demo):
+    """A client that sends its whole request, head first, a byte every 0.05 s (about 7 s in all): a server with a
+    0.5 s head deadline answers 408 within a second or so, long before the head is done, and closes the connection.
+    The control: the same client on a server whose deadline is roomier than the request takes gets 200, after all of
+    it has arrived."""
+    model, tok, *_ = demo
+    srv = Server(model, tok, 'demo', max_batch=2, max_len=64)
+    body = json.dumps({'model': 'demo', 'prompt': 'x', 'max_tokens': 1}, separators=(',', ':')).encode()
+    def slow(deadline, linger=3):
+        with serving(srv.app, head_timeout=deadline) as url:
+            s, path = _connected(url)
+            with s: return _trickle(s, _request(f'{path}/completions', body, '127.0.0.1'), 0.05, linger)
+    n = len(_request('/v1/completions', body, '127.0.0.1'))
+    status, took, closed = slow(0.5)
+    assert status == 408 and 0.5 <= took < n * 0.05 / 3 and closed, (status, took, closed, n)
+    status, took, _ = slow(30, linger=0)
+    assert status == 200 and took >= (n - 1) * 0.05, (status, took, n)
+
+
+def _answer(s):
+    "The status of the next answer (one with a Content-Length) read whole from the raw socket `s`."
+    import re
+    got = b''
+    while b'\r\n\r\n' not in got:
+        part = s.recv(65536)
+        assert part, f'the server closed the connection: {got!r}'
+        got += part
+    head, rest = got.split(b'\r\n\r\n', 1)
+    size = int(re.search(rb'content-length: *(\d+)', head, re.I)[1])
+    while len(rest) < size: rest += s.recv(65536)
+    return int(head.split()[1])
+
+
+def _closed_within(s, seconds):
+    "Whether the server ends the connection of the raw socket `s` (what it still sends is read) within `seconds`."
+    import socket
+    s.settimeout(seconds)
+    try:
+        while s.recv(65536): pass
+        return True
+    except ConnectionError: return True
+    except socket.timeout: return False
+
+
+def test_the_head_deadline_leaves_the_wait_between_requests_to_keep_alive(demo):
+    """On a kept-alive connection the head deadline counts from a request's first byte, not from the reply before:
+    a connection idle between two requests for longer than the deadline (1 s) serves the second, and the server closes
+    it only once it has been idle for uvicorn's keep-alive (4 s here), not sooner."""
+    model, tok, *_ = demo
+    srv = Server(model, tok, 'demo', max_batch=2, max_len=64)
+    ok = json.dumps({'model': 'demo', 'prompt': 'x', 'max_tokens': 1}).encode()
+    with serving(srv.app, head_timeout=1, keep_alive=4) as url:
+        s, path = _connected(url)
+        with s:
+            statuses = []
+            for _ in range(2):
+                s.sendall(_request(f'{path}/completions', ok, '127.0.0.1'))
+                statuses.append(_answer(s))
+                answered = time.time()
+                if not statuses[1:]: time.sleep(2)
+            assert not _closed_within(s, 2) and _closed_within(s, 15), time.time() - answered
+    assert statuses == [200, 200], statuses
 
 
 @pytest.mark.parametrize('protected', [True, False])
@@ -817,15 +896,17 @@ def test_a_stream_its_client_never_reads_is_cut_off(demo, monkeypatch, protected
     """A raw-socket client asks for a 480-token stream (each chunk with 20 log-probabilities, ~1 KB) and reads
     nothing: once the connection's buffers are full, its chunks wait in the server; at 32 waiting (`MAX_UNREAD`, set
     low here) the request is cut off: its row is freed long before the 480th step, another request is served meanwhile,
-    and what the client finally reads is ~100 KB ending in an error event. The control, the bound out of reach: the
-    decoder runs all 480 steps for no reader and the server holds the whole 400 KB reply for it."""
+    and what the client finally reads is ~100 KB ending in an error event, after which the server closes the connection
+    (its keep-alive, 60 s here, would hold it open). The control, the bound out of reach: the decoder runs all 480 steps
+    for no reader and the server holds the whole 400 KB reply for it; that stream, ended normally, leaves its
+    connection open for the client's next request."""
     import socket, urllib.parse, apex3.serve as serve_mod
     model, tok, train, *_ = demo
     monkeypatch.setattr(serve_mod, 'MAX_UNREAD', 32 if protected else 10 ** 9)
     srv = Server(model, tok, 'demo', max_batch=2, max_len=512)
     body = json.dumps({'model': 'demo', 'prompt': train[0][0], 'max_tokens': 480, 'temperature': 0, 'stream': True,
                        'ignore_eos': True, 'logprobs': 20}).encode()
-    with serving(srv.app) as url:
+    with serving(srv.app, keep_alive=60) as url:
         u = urllib.parse.urlparse(url)
         _shrink_send_buffer(u.port, 8192)
         with socket.socket() as s:
@@ -840,12 +921,62 @@ def test_a_stream_its_client_never_reads_is_cut_off(demo, monkeypatch, protected
             got = b''
             with contextlib.suppress(socket.timeout):
                 while not got.endswith(b'0\r\n\r\n') and (part := s.recv(65536)): got += part
+            if protected: closed = _closed_within(s, 10)
+            else:   # a next request on the same connection
+                s.sendall(_request(f'{u.path}/completions', json.dumps({'model': 'demo', 'prompt': 'x',
+                                                                        'max_tokens': 1}).encode(), u.hostname))
+                next_status = _answer(s)
     events = [e for e in got.split(b'\r\n') if e.startswith(b'data: ')]
     assert other[0] == 200 and not any(srv.batcher.rows)
     if protected:
         assert steps < 300 and len(got) < 200_000, (steps, len(got))
         assert events[-1] == b'data: [DONE]' and b'the client fell 32 chunks behind' in events[-2], events[-2:]
-    else: assert steps == 479 and len(events) == 482 and len(got) > 300_000, (steps, len(events), len(got))
+        assert closed
+    else:
+        assert steps == 479 and len(events) == 482 and len(got) > 300_000, (steps, len(events), len(got))
+        assert next_status == 200
+
+
+def _tcp_state(local, remote):
+    """The kernel's state of the IPv4 TCP socket from address `local` to `remote` (hex, as /proc/net/tcp gives it:
+    '01' is ESTABLISHED), or None where there is none."""
+    import socket, struct
+    def hex_addr(a): return f'{struct.unpack("<I", socket.inet_aton(a[0]))[0]:08X}:{a[1]:04X}'
+    for row in Path('/proc/net/tcp').read_text().splitlines()[1:]:
+        f = row.split()
+        if (f[1], f[2]) == (hex_addr(local), hex_addr(remote)): return f[3]
+    return None
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason='reads the kernel\'s table of TCP sockets in /proc')
+@pytest.mark.parametrize('protected', [True, False])
+def test_a_client_that_reads_nothing_has_its_connection_dropped(demo, monkeypatch, protected):
+    """A raw-socket client asks for a 480-token stream and never reads: the server's writes to it wait, the request is
+    cut off past `MAX_UNREAD` (its end, the error event, waits too), and with a 1 s send deadline the server drops the
+    connection: its end of it, in the kernel's table, is no longer an open connection within the deadline and a
+    generous slack. The control, the deadline out of reach: 3 s later the server's end is still ESTABLISHED."""
+    import socket, urllib.parse, apex3.serve as serve_mod
+    model, tok, train, *_ = demo
+    monkeypatch.setattr(serve_mod, 'MAX_UNREAD', 32)
+    srv = Server(model, tok, 'demo', max_batch=2, max_len=512)
+    body = json.dumps({'model': 'demo', 'prompt': train[0][0], 'max_tokens': 480, 'temperature': 0, 'stream': True,
+                       'ignore_eos': True, 'logprobs': 20}).encode()
+    with serving(srv.app, send_timeout=1 if protected else 3600) as url:
+        u = urllib.parse.urlparse(url)
+        _shrink_send_buffer(u.port, 8192)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            s.connect((u.hostname, u.port))
+            s.sendall(_request(f'{u.path}/completions', body, u.hostname))
+            server_end = lambda: _tcp_state(s.getpeername(), s.getsockname())
+            assert server_end() == '01'
+            deadline = time.time() + 120
+            while (not srv.batcher.sizes or any(srv.batcher.rows)) and time.time() < deadline: time.sleep(0.05)
+            assert not any(srv.batcher.rows)   # cut off (or dropped first): its row is free
+            deadline = time.time() + (30 if protected else 3)
+            while server_end() == '01' and time.time() < deadline: time.sleep(0.1)
+            state = server_end()
+    assert (state != '01') if protected else (state == '01'), state
 
 
 @pytest.mark.parametrize('protected', [True, False])

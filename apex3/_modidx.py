@@ -626,6 +626,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'apex3.data.download.DownloadStage.task_outputs': ( 'download.html#downloadstage.task_outputs',
                                                                                          'apex3/data/download.py'),
                                      'apex3.data.download._attempt': ('download.html#_attempt', 'apex3/data/download.py'),
+                                     'apex3.data.download.abandoned_parts': ('download.html#abandoned_parts', 'apex3/data/download.py'),
                                      'apex3.data.download.fetch': ('download.html#fetch', 'apex3/data/download.py'),
                                      'apex3.data.download.read_manifest': ('download.html#read_manifest', 'apex3/data/download.py'),
                                      'apex3.data.download.run_downloads': ('download.html#run_downloads', 'apex3/data/download.py'),

@@ -466,3 +466,17 @@ def test_a_repository_source_is_stale_only_for_files_ingest_reads(tmp_path):
     (repo/'.github'/'ci.py').write_text('run(fast=True)\n')
     rc, err = apex3('data', 'run', cfg)
     assert rc == 2 and 'input ../../../repos/r1/.github/ci.py has changed' in one_line(err), err
+
+def test_a_partial_file_of_a_removed_url_is_not_ingested(tmp_path, web):
+    """The partial file a cut-off transfer left, its URL then removed from the source: the next run deletes it before
+    ingest reads the download folder, so the run resumes (exit 0) and the corpus holds none of its text. The control:
+    the file was there, with a whole document in it, when the run began."""
+    _Files.files = {'/a.jsonl': jsonl('alpha')}
+    cfg = download_config(tmp_path, web, ['/a.jsonl'])
+    assert apex3('data', 'run', cfg)[0] == 0
+    part = tmp_path/'out'/'downloads'/'web'/'b.jsonl.part'
+    part.write_bytes(jsonl('beta', 'gamma')[:-5])   # as a transfer cut off mid-line leaves it
+    assert json.loads(part.read_bytes().splitlines()[0]) == {'text': 'beta'}
+    rc, err = apex3('data', 'run', cfg)
+    assert rc == 0 and not part.exists(), err
+    assert ingested(tmp_path/'out') == ['alpha']

@@ -12,7 +12,7 @@ from .core import Stage, run_task, _pending
 from .identity import remove_unused_records
 
 # %% auto #0
-__all__ = ['DownloadError', 'fetch', 'safe_name', 'read_manifest', 'DownloadStage', 'run_downloads']
+__all__ = ['DownloadError', 'fetch', 'safe_name', 'read_manifest', 'DownloadStage', 'abandoned_parts', 'run_downloads']
 
 # %% ../../nbs/5d_download.ipynb #e5154de1
 _log = logging.getLogger(__name__)
@@ -110,12 +110,20 @@ class DownloadStage(Stage):
         r = fetch(self.urls[i], Path(self.out)/self.task_name(i), self.sha256[i], self.timeout, self.retries)
         return {'bytes': r['bytes'], 'attempts': r['attempts'], 'resumed': r['resumed']}
 
+def abandoned_parts(stage) -> list:
+    """Partial files of URLs `stage` no longer has (a transfer cut off, then its URL removed): no task resumes them,
+    and ingest, which reads the whole folder, would take their bytes as input."""
+    names = {stage.task_name(i) for i in range(stage.n_tasks())}
+    return [p for p in Path(stage.out).glob('*.part') if p.name not in names and p.name[:-5] not in names]
+
 def run_downloads(stage, workers=4, progress=True, restart=False) -> list:
     """Run a `DownloadStage`'s unfinished tasks, at most `workers` at once; one `DownloadError` for all failures.
-    Tasks finished with other URLs or checksums are refused as the executors refuse them, or with `restart` redone."""
+    Tasks finished with other URLs or checksums are refused as the executors refuse them, or with `restart` redone;
+    partial files no task resumes are deleted first."""
     import concurrent.futures as cf
     from tqdm.auto import tqdm
     todo = _pending(stage, restart)
+    for p in abandoned_parts(stage): p.unlink(missing_ok=True)
     failed = []
     bar = tqdm(total=len(todo), desc=stage.name, disable=not progress or not todo)
     with cf.ThreadPoolExecutor(workers) as ex, bar:

@@ -189,7 +189,8 @@ def test_damaged_markers_and_records_are_refused_in_one_line(tmp_path):
         assert output_files(tmp_path/'out') == output_files(tmp_path/'fresh')
     rec = json.loads(marker.read_text())
     marker.write_text(json.dumps({**rec, 'identity': 'other'}))
-    for damage in ('garbage', '{"params": 5}', '{"params": {}, "inputs": {"in/s0.jsonl.zst": [1]}, "tasks": {}}'):
+    for damage in ('garbage', '{"params": 5}', '{"params": {}, "inputs": {"in/s0.jsonl.zst": [1]}, "tasks": {}}',
+                   '{"params": {}, "inputs": {}, "tasks": {}, "task_params": {"s0": 5}}'):
         (tmp_path/'out'/'.done'/'identity'/f"{rec['record']}.json").write_text(damage)
         rc, err = apex3('data', 'c4', tmp_path/'in', tmp_path/'out')
         assert rc == 2 and 'parameters and inputs not recorded here' in one_line(err), (damage, err)
@@ -355,3 +356,127 @@ def test_an_input_reached_through_a_link_is_the_same_input(tmp_path):
     shutil.copytree(tmp_path/'in', tmp_path/'copy')
     rc, err = apex3('data', 'c4', tmp_path/'copy', tmp_path/'out')
     assert rc == 2 and 'input copy/s0.jsonl.zst is new' in one_line(err), err
+
+# ---- the task identity of download and repository sources ----
+import gzip, http.server, threading
+from apex3.data.core import Stage
+
+class _Files(http.server.BaseHTTPRequestHandler):
+    "Serves `files` ({path: bytes}) and logs every path asked for: the count of fetches."
+    files, log = {}, []
+    def log_message(self, *a): pass
+    def do_GET(self):
+        type(self).log.append(self.path)
+        if self.path not in self.files: return self.send_error(404)
+        data = self.files[self.path]
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+@pytest.fixture
+def web():
+    "A local HTTP server of `_Files.files`, in a thread: its base URL."
+    _Files.files, _Files.log = {}, []
+    srv = http.server.ThreadingHTTPServer(('127.0.0.1', 0), _Files)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f'http://127.0.0.1:{srv.server_address[1]}'
+    srv.shutdown()
+    srv.server_close()
+
+def download_config(tmp_path, base, paths) -> Path:
+    "A config of one source downloaded from `base` + each of `paths`, ingested into one shard, not tokenized."
+    p = tmp_path/'dl.toml'
+    p.write_text('[pipeline]\nout = "out"\n[[source]]\nname = "web"\nkind = "jsonl"\nshards = 1\n'
+                 f'urls = {json.dumps([base + x for x in paths])}\n[tokenize]\nenabled = false\n')
+    return p
+
+def jsonl(*texts) -> bytes: return ''.join(json.dumps({'text': t}) + '\n' for t in texts).encode()
+def ingested(out) -> list:
+    "The texts of the download source's ingested documents, sorted."
+    return sorted(d.text for s in list_shards(Path(out)/'work'/'web'/'00_ingest') for d in read_docs(s))
+
+def marker_times(out) -> dict:
+    "{marker: mtime_ns} of every completion marker under `out`."
+    return {Path(d, f): os.stat(Path(d, f)).st_mtime_ns for d, _, fs in os.walk(out) if Path(d).name == '.done'
+            for f in fs if f.endswith('.json')}
+
+def test_a_changed_url_redoes_its_download_alone(tmp_path, web):
+    """Another URL for one file of a download source: refused in one line naming that task's URL then and now (exit
+    2); with --restart that file alone is fetched again (the server's log), the other downloads' markers untouched,
+    and the corpus holds its new text. The controls: the log does count fetches (the first run's three), and the new
+    text is not the old one (a silent resume would have kept it)."""
+    _Files.files = {'/a.jsonl': jsonl('alpha'), '/b.jsonl': jsonl('beta'), '/v2/b.jsonl': jsonl('beta two'),
+                    '/c.jsonl': jsonl('gamma')}
+    assert apex3('data', 'run', download_config(tmp_path, web, ['/a.jsonl', '/b.jsonl', '/c.jsonl']))[0] == 0
+    assert sorted(_Files.log) == ['/a.jsonl', '/b.jsonl', '/c.jsonl'] and ingested(tmp_path/'out')[1] == 'beta'
+    downloads = tmp_path/'out'/'downloads'/'web'
+    before = marker_times(downloads)
+    cfg = download_config(tmp_path, web, ['/a.jsonl', '/v2/b.jsonl', '/c.jsonl'])
+    rc, err = apex3('data', 'run', cfg)
+    assert rc == 2 and '1 finished task of stage web:download was done' in one_line(err), err
+    assert f'(urls of b.jsonl = "{web}/b.jsonl" then, "{web}/v2/b.jsonl" now)' in err, err
+    _Files.log.clear()
+    assert apex3('data', 'run', cfg, '--restart')[0] == 0
+    assert _Files.log == ['/v2/b.jsonl']
+    after = marker_times(downloads)
+    same = lambda t: {m: t[m] for m in t if m.name != 'b.jsonl.json'}
+    assert same(after) == same(before) and len(same(before)) == 2 and after.keys() == before.keys()
+    assert ingested(tmp_path/'out') == ['alpha', 'beta two', 'gamma']
+
+def test_a_removed_url_takes_its_file_out_of_the_corpus(tmp_path, web):
+    """A URL removed from a download source: refused in one line (exit 2); with --restart its file leaves the folder
+    ingest reads, and its documents the corpus, while another URL's file whose name begins with that name stays and
+    is not fetched again. The controls: the removed URL's file and documents were there before, and that other file
+    is what the rule for a map's outputs (the files named `TASK.*`) would have deleted, leaving the removed one."""
+    _Files.files = {'/a.jsonl': jsonl('alpha'), '/a.jsonl.gz': gzip.compress(jsonl('packed')),
+                    '/b.jsonl': jsonl('beta')}
+    assert apex3('data', 'run', download_config(tmp_path, web, ['/a.jsonl', '/a.jsonl.gz', '/b.jsonl']))[0] == 0
+    downloads = tmp_path/'out'/'downloads'/'web'
+    assert (downloads/'a.jsonl').is_file() and ingested(tmp_path/'out') == ['alpha', 'beta', 'packed']
+    generic = Stage()
+    generic.out = str(downloads)
+    assert [p.name for p in generic.task_outputs('a.jsonl')] == ['a.jsonl.gz']
+    cfg = download_config(tmp_path, web, ['/a.jsonl.gz', '/b.jsonl'])
+    rc, err = apex3('data', 'run', cfg)
+    assert rc == 2 and f'(urls of a.jsonl = "{web}/a.jsonl" then, "unset" now)' in one_line(err), err
+    _Files.log.clear()
+    assert apex3('data', 'run', cfg, '--restart')[0] == 0
+    assert sorted(p.name for p in downloads.iterdir() if p.is_file()) == ['a.jsonl.gz', 'b.jsonl'] and _Files.log == []
+    assert ingested(tmp_path/'out') == ['beta', 'packed']
+
+def test_a_repository_source_is_stale_only_for_files_ingest_reads(tmp_path):
+    """A repository source's finished stages resume (exit 0, no marker rewritten) after files that ingest never reads
+    change: an image, a vendored package, a README. The control: a module in a hidden folder, which ingest reads,
+    changed is refused in one line naming it (exit 2)."""
+    repo = tmp_path/'repos'/'r1'
+    files = {'pkg/mod.py': 'import pkg.util\nx = 1\n', 'pkg/util.py': 'y = 2\n', '.github/ci.py': 'run()\n',
+             'node_modules/dep/index.py': 'v = 1\n', 'assets/logo.png': '\x89PNG', 'README.md': 'hello'}
+    for f, text in files.items():
+        (repo/f).parent.mkdir(parents=True, exist_ok=True)
+        (repo/f).write_text(text)
+    cfg = tmp_path/'repo.toml'
+    cfg.write_text('[pipeline]\nout = "out"\n[[source]]\nname = "code"\nkind = "repo"\npath = "repos"\nshards = 1\n'
+                   'stages = ["repopack"]\n[tokenize]\nenabled = false\n')
+    assert apex3('data', 'run', cfg)[0] == 0
+    before = marker_times(tmp_path/'out')
+    for f in ('assets/logo.png', 'node_modules/dep/index.py', 'README.md'): (repo/f).write_text(files[f] + ' changed')
+    rc, err = apex3('data', 'run', cfg)
+    assert rc == 0 and marker_times(tmp_path/'out') == before and len(before) == 2, err
+    (repo/'.github'/'ci.py').write_text('run(fast=True)\n')
+    rc, err = apex3('data', 'run', cfg)
+    assert rc == 2 and 'input ../../../repos/r1/.github/ci.py has changed' in one_line(err), err
+
+def test_a_partial_file_of_a_removed_url_is_not_ingested(tmp_path, web):
+    """The partial file a cut-off transfer left, its URL then removed from the source: the next run deletes it before
+    ingest reads the download folder, so the run resumes (exit 0) and the corpus holds none of its text. The control:
+    the file was there, with a whole document in it, when the run began."""
+    _Files.files = {'/a.jsonl': jsonl('alpha')}
+    cfg = download_config(tmp_path, web, ['/a.jsonl'])
+    assert apex3('data', 'run', cfg)[0] == 0
+    part = tmp_path/'out'/'downloads'/'web'/'b.jsonl.part'
+    part.write_bytes(jsonl('beta', 'gamma')[:-5])   # as a transfer cut off mid-line leaves it
+    assert json.loads(part.read_bytes().splitlines()[0]) == {'text': 'beta'}
+    rc, err = apex3('data', 'run', cfg)
+    assert rc == 0 and not part.exists(), err
+    assert ingested(tmp_path/'out') == ['alpha']

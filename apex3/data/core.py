@@ -213,9 +213,13 @@ class Stage:
     name = 'stage'
     out: str = '.'
     input_attrs: tuple = ()  # the attributes naming its input files (chapter `50b_identity`); the rest are parameters
+    task_attrs: tuple = ()   # attributes of one value per task: task `i`'s identity holds item `i` alone
     def n_tasks(self) -> int: return 1
     def task_name(self, i) -> str: return f'{i:05d}'
     def run(self, i) -> dict: raise NotImplementedError
+    def task_outputs(self, task: str) -> list:
+        "The files task `task` wrote: here, those named after it (`TASK.*`) in `out` and `out/rejects`."
+        return [f for d in (Path(self.out), Path(self.out)/'rejects') for f in d.glob(f'{glob.escape(task)}.*')]
 
 def marker_path(stage, i) -> Path: return Path(stage.out)/'.done'/f'{stage.task_name(i)}.json'
 
@@ -369,10 +373,9 @@ def _orphans(stage) -> list:
     return out
 
 def _remove_task_outputs(stage, marker: Path):
-    "Delete a vanished task's marker and the files it wrote (named after the task, in `out` and `out/rejects`)."
-    for d in (Path(stage.out), Path(stage.out)/'rejects'):
-        for f in d.glob(f'{glob.escape(marker.stem)}.*'):
-            if f.is_file(): f.unlink()
+    "Delete a vanished task's marker and the files it wrote (those its stage names: `task_outputs`)."
+    for f in stage.task_outputs(marker.stem):
+        if f.is_file(): f.unlink()
     marker.unlink(missing_ok=True)
 
 def _pending(stage, restart=False) -> list:

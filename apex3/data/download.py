@@ -12,7 +12,7 @@ from .core import Stage, run_task, _pending
 from .identity import remove_unused_records
 
 # %% auto #0
-__all__ = ['DownloadError', 'fetch', 'safe_name', 'read_manifest', 'DownloadStage', 'run_downloads']
+__all__ = ['DownloadError', 'fetch', 'safe_name', 'read_manifest', 'DownloadStage', 'abandoned_parts', 'run_downloads']
 
 # %% ../../nbs/5d_download.ipynb #e5154de1
 _log = logging.getLogger(__name__)
@@ -91,27 +91,39 @@ def read_manifest(path) -> dict:
 # %% ../../nbs/5d_download.ipynb #26e55c75
 class DownloadStage(Stage):
     "One task per URL: fetch into `out`, verified against its SHA-256 when one is given."
-    input_attrs = ()  # no local file: a URL and its SHA-256 are parameters
+    input_attrs = ()  # no local file
+    task_attrs = ('urls', 'sha256')  # a URL and its SHA-256 are each task's own: another one redoes that task alone
     def __init__(self, name, urls, out, sha256=(), manifest=None, timeout=30.0, retries=5):
         self.name, self.urls, self.out = f'{name}:download', list(urls), str(out)
         self.timeout, self.retries = timeout, retries
         sums = read_manifest(manifest) if manifest else {}
-        self.sha = list(sha256) if sha256 else [sums.get(safe_name(u)) for u in self.urls]
-        if len(self.sha) != len(self.urls): raise UsageError(f'{name}: {len(self.urls)} urls, {len(self.sha)} sha256')
+        self.sha256 = list(sha256) if sha256 else [sums.get(safe_name(u)) for u in self.urls]
+        if len(self.sha256) != len(self.urls):
+            raise UsageError(f'{name}: {len(self.urls)} urls, {len(self.sha256)} sha256')
         names = [safe_name(u) for u in self.urls]
         if len(set(names)) != len(names): raise UsageError(f'{name}: two URLs download to the same file name')
     def n_tasks(self): return len(self.urls)
     def task_name(self, i): return safe_name(self.urls[i])
+    def task_outputs(self, task):  # the file is the task's name: `TASK.*` would be another URL's `TASK.gz`
+        return [Path(self.out)/task, Path(self.out)/f'{task}.part']
     def run(self, i):
-        r = fetch(self.urls[i], Path(self.out)/self.task_name(i), self.sha[i], self.timeout, self.retries)
+        r = fetch(self.urls[i], Path(self.out)/self.task_name(i), self.sha256[i], self.timeout, self.retries)
         return {'bytes': r['bytes'], 'attempts': r['attempts'], 'resumed': r['resumed']}
+
+def abandoned_parts(stage) -> list:
+    """Partial files of URLs `stage` no longer has (a transfer cut off, then its URL removed): no task resumes them,
+    and ingest, which reads the whole folder, would take their bytes as input."""
+    names = {stage.task_name(i) for i in range(stage.n_tasks())}
+    return [p for p in Path(stage.out).glob('*.part') if p.name not in names and p.name[:-5] not in names]
 
 def run_downloads(stage, workers=4, progress=True, restart=False) -> list:
     """Run a `DownloadStage`'s unfinished tasks, at most `workers` at once; one `DownloadError` for all failures.
-    Tasks finished with other URLs or checksums are refused as the executors refuse them, or with `restart` redone."""
+    Tasks finished with other URLs or checksums are refused as the executors refuse them, or with `restart` redone;
+    partial files no task resumes are deleted first."""
     import concurrent.futures as cf
     from tqdm.auto import tqdm
     todo = _pending(stage, restart)
+    for p in abandoned_parts(stage): p.unlink(missing_ok=True)
     failed = []
     bar = tqdm(total=len(todo), desc=stage.name, disable=not progress or not todo)
     with cf.ThreadPoolExecutor(workers) as ex, bar:

@@ -71,6 +71,12 @@ def _declared(key: str, names) -> bool:
     "Whether the parameter at dotted `key` is, or lies inside, one of the declared input attributes `names`."
     return any(key == n or key.startswith((f'{n}.', f'{n}[')) for n in names)
 
+def _flattened(x) -> dict:
+    "Canonical `x` flattened to {dotted key: value}."
+    out = {}
+    _flat(_canonical(x), '', out)
+    return out
+
 # %% ../../nbs/50b_identity.ipynb #9a0e76ab
 _MAGIC = re.compile('[*?[]')
 
@@ -129,35 +135,56 @@ def _task_shards(stage):
     ok = isinstance(shards, list) and len(shards) == stage.n_tasks() and all(isinstance(f, str) for f in shards)
     return shards if ok else None
 
+def _per_task_attrs(stage) -> list:
+    """The attributes `stage` declares per task (`task_attrs`) that hold one value per task; one that does not is a
+    parameter shared by every task, as any other attribute."""
+    n = stage.n_tasks()
+    return [a for a in getattr(stage, 'task_attrs', ())
+            if isinstance(v := getattr(stage, a, None), list) and len(v) == n]
+
+def _own_values(stage, own, i) -> dict:
+    "Task `i`'s items of the attributes `own`, flattened, in the order the stage declares them (not sorted)."
+    out = {}
+    for a in own: _flat(_canonical(getattr(stage, a)[i]), a, out)
+    return out
+
+def _input_files(stage, paths) -> list:
+    """The files a stage reads: those it lists itself (`input_files`, where its declared paths name more, as a folder
+    of repositories holds files ingest never opens), else every file its declared `paths` name."""
+    if hasattr(stage, 'input_files'): return stage.input_files()
+    return [f for p in paths for f in _files_of(p, stage.out)]
+
 def stage_identity(stage) -> dict:
     """What a stage's finished tasks depend on: its name, its parameters (its public attributes and those of its
     steps, flattened to dotted keys), the files of the inputs it declares (`declared_inputs`) as
     [size, mtime_ns, ctime_ns, digest of the bytes] named relative to the folder above `out` where they really are
-    (a project moved whole keeps its identity, and an input reached through a link is the same input), and, for a map
-    over shards, each task's own shard.
+    (a project moved whole keeps its identity, and an input reached through a link is the same input), for a map
+    over shards each task's own shard, and for a stage with values of its own per task (`task_attrs`: a download's
+    URL and checksum) each task's values ('task_params'), which are then no parameter of every task.
     Only size and content count: an input rewritten with the same bytes (its stage redone) leaves the stages after it
     finished; the times only spare reading an unchanged file again (`_stat_key`)."""
     attrs = {k: v for k, v in vars(stage).items() if not k.startswith('_') and k not in NOT_PARAMETERS}
-    declared, shards = declared_inputs(stage), _task_shards(stage)
+    declared, shards, own = declared_inputs(stage), _task_shards(stage), _per_task_attrs(stage)
+    for a in own: attrs.pop(a)
     paths = [p for ps in declared.values() for p in ps]
     if shards is not None:  # each task's shard is its own input; the folder holding them is no input of every task
         attrs.pop('shards', None)
         folders = {os.path.dirname(os.path.abspath(f)) for f in shards}
         paths = [p for p in paths if os.path.abspath(p) not in folders]
-    params = {}
-    _flat(_canonical(attrs), '', params)
-    params = {k: v for k, v in params.items() if not _declared(k, declared)}
+    params = {k: v for k, v in _flattened(attrs).items() if not _declared(k, declared)}
     base, known = os.path.dirname(os.path.realpath(stage.out)), _known_digests(stage)
     def entry(f):   # named where it really is: an input reached through a link is the same input
         st, rel = os.stat(f), os.path.relpath(os.path.realpath(f), base)
         k = known.get(rel)
         same = k is not None and k[:-1] == _stat_key(st)
         return rel, [*_stat_key(st), k[-1] if same else _file_digest(f, st)]
-    inputs = dict(sorted(entry(f) for p in paths for f in _files_of(p, stage.out)))
+    inputs = dict(sorted(entry(f) for f in _input_files(stage, paths)))
     tasks = {} if shards is None else {stage.task_name(i): dict([entry(f)]) for i, f in enumerate(shards)}
     missing = sorted(os.path.relpath(os.path.realpath(p), base) for p in paths if not os.path.exists(p)
                      and not _MAGIC.search(p))
-    return dict(stage=stage.name, params=params, inputs=inputs, missing=missing, tasks=tasks)
+    ident = dict(stage=stage.name, params=params, inputs=inputs, missing=missing, tasks=tasks)
+    if own: ident['task_params'] = {stage.task_name(i): _own_values(stage, own, i) for i in range(stage.n_tasks())}
+    return ident
 
 # %% ../../nbs/50b_identity.ipynb #2b1765c9
 def _content(files: dict) -> dict: return {f: [v[0], v[-1]] for f, v in files.items()}  # size and digest, not times
@@ -165,13 +192,16 @@ def _content(files: dict) -> dict: return {f: [v[0], v[-1]] for f, v in files.it
 def identity_of(stage) -> dict:
     """`stage`'s identity ('ident'), the digest it is recorded under ('record') and each task's digest ('tasks'),
     worked out once per stage object (before its tasks run, so a step's state is not in it). A task's digest covers
-    the stage's parameters and inputs and its own shard, by size and content."""
+    the stage's parameters and inputs, its own shard by size and content, and its own values (`task_attrs`)."""
     if '_identity' not in vars(stage):
         ident = stage_identity(stage)
         common = {**ident, 'inputs': _content(ident['inputs']), 'tasks': None}
+        own = common.pop('task_params', None)  # in a task's digest alone; a stage without them has no such key
         hashed = lambda x: _digest(json.dumps(x, sort_keys=True).encode()).removeprefix('sha256:')
-        tasks = {stage.task_name(i): hashed([common, _content(ident['tasks'].get(stage.task_name(i), {}))])
-                 for i in range(stage.n_tasks())}
+        def task_digest(name):
+            part = [common, _content(ident['tasks'].get(name, {}))]
+            return hashed(part if own is None else [*part, own[name]])
+        tasks = {stage.task_name(i): task_digest(stage.task_name(i)) for i in range(stage.n_tasks())}
         stage._identity = dict(ident=ident, record=hashed([common, sorted(tasks.items())]), tasks=tasks)
     return stage._identity
 
@@ -205,12 +235,22 @@ def _show(v) -> str:
     s = json.dumps(v)
     return s if len(s) <= 40 else s[:37] + '...'
 
+def _first_change(was: dict, now: dict, keys, suffix='') -> str | None:
+    "'KEY = OLD then, NEW now' for the first of `keys` whose value differs between `was` and `now`; None if none does."
+    for k in keys:
+        a, b = was.get(k, 'unset'), now.get(k, 'unset')
+        if a != b: return f'{k}{suffix} = {_show(a)} then, {_show(b)} now'
+    return None
+
 def identity_difference(old, new, task) -> str:
-    "What differs between two identities for `task`, in a few words: the first parameter, else the first input."
+    """What differs between two identities for `task`, in a few words: the first parameter, else the first of the
+    task's own values, else the first input."""
     if old is None: return 'parameters and inputs not recorded here'
-    for k in sorted(set(old['params']) | set(new['params'])):
-        a, b = old['params'].get(k, 'unset'), new['params'].get(k, 'unset')
-        if a != b: return f'{k} = {_show(a)} then, {_show(b)} now'
+    p, q = old['params'], new['params']
+    o, n = (x.get('task_params', {}).get(task, {}) for x in (old, new))
+    # a task's own values in the order the stage declares them: a download's URL before its checksum
+    why = _first_change(p, q, sorted(set(p) | set(q))) or _first_change(o, n, dict.fromkeys([*o, *n]), f' of {task}')
+    if why: return why
     was, now = ({**x['inputs'], **x['tasks'].get(task, {})} for x in (old, new))
     for f in sorted(set(was) | set(now)):
         a, b = was.get(f), now.get(f)
@@ -226,7 +266,8 @@ def _recorded_identity(path):
     tables = isinstance(old, dict) and all(isinstance(old.get(k), dict) for k in ('params', 'inputs', 'tasks'))
     files = tables and all(isinstance(v, dict) for v in old['tasks'].values()) and all(
         _is_entry(v) for g in (old['inputs'], *old['tasks'].values()) for v in g.values())
-    return old if files else None
+    own = old.get('task_params', {}) if tables else None
+    return old if files and isinstance(own, dict) and all(isinstance(v, dict) for v in own.values()) else None
 
 def _why_stale(stage, marker: Path) -> str:
     "Why the task of `marker` does not count: a damaged marker, one of an earlier version, or what differs."

@@ -277,6 +277,9 @@ class IngestStage(Stage):
         if self._deal is None: self._deal = self.src.deal()
         return self._deal
     def __getstate__(self): return {**self.__dict__, '_deal': self.dealt}
+    def input_files(self) -> list:
+        "The files its tasks read, as dealt: the inputs its identity covers (chapter `50b_identity`)."
+        return [f for shard in self.dealt for _, files, _ in shard for f in files]
     def n_tasks(self): return self.src.shards
     def task_name(self, i): return f'shard-{i:05d}'
     @property

@@ -901,31 +901,22 @@ def test_a_stream_its_client_never_reads_is_cut_off(demo, monkeypatch, protected
     for no reader and the server holds the whole 400 KB reply for it; that stream, ended normally, leaves its
     connection open for the client's next request."""
     import socket, urllib.parse, apex3.serve as serve_mod
-    model, tok, train, *_ = demo
     monkeypatch.setattr(serve_mod, 'MAX_UNREAD', 32 if protected else 10 ** 9)
-    srv = Server(model, tok, 'demo', max_batch=2, max_len=512)
-    body = json.dumps({'model': 'demo', 'prompt': train[0][0], 'max_tokens': 480, 'temperature': 0, 'stream': True,
-                       'ignore_eos': True, 'logprobs': 20}).encode()
-    with serving(srv.app, keep_alive=60) as url:
+    with _unread_stream(demo, keep_alive=60) as (srv, url, s):
         u = urllib.parse.urlparse(url)
-        _shrink_send_buffer(u.port, 8192)
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
-            s.connect((u.hostname, u.port))
-            s.sendall(_request(f'{u.path}/completions', body, u.hostname))
-            deadline = time.time() + 120
-            while (not srv.batcher.sizes or any(srv.batcher.rows)) and time.time() < deadline: time.sleep(0.05)
-            steps = len(srv.batcher.sizes)
-            other = _post(f'{url}/completions', json.dumps({'model': 'demo', 'prompt': 'x', 'max_tokens': 2}).encode())
-            s.settimeout(3)
-            got = b''
-            with contextlib.suppress(socket.timeout):
-                while not got.endswith(b'0\r\n\r\n') and (part := s.recv(65536)): got += part
-            if protected: closed = _closed_within(s, 10)
-            else:   # a next request on the same connection
-                s.sendall(_request(f'{u.path}/completions', json.dumps({'model': 'demo', 'prompt': 'x',
-                                                                        'max_tokens': 1}).encode(), u.hostname))
-                next_status = _answer(s)
+        deadline = time.time() + 120
+        while (not srv.batcher.sizes or any(srv.batcher.rows)) and time.time() < deadline: time.sleep(0.05)
+        steps = len(srv.batcher.sizes)
+        other = _post(f'{url}/completions', json.dumps({'model': 'demo', 'prompt': 'x', 'max_tokens': 2}).encode())
+        s.settimeout(3)
+        got = b''
+        with contextlib.suppress(socket.timeout):
+            while not got.endswith(b'0\r\n\r\n') and (part := s.recv(65536)): got += part
+        if protected: closed = _closed_within(s, 10)
+        else:   # a next request on the same connection
+            s.sendall(_request(f'{u.path}/completions', json.dumps({'model': 'demo', 'prompt': 'x',
+                                                                    'max_tokens': 1}).encode(), u.hostname))
+            next_status = _answer(s)
     events = [e for e in got.split(b'\r\n') if e.startswith(b'data: ')]
     assert other[0] == 200 and not any(srv.batcher.rows)
     if protected:
@@ -935,6 +926,25 @@ def test_a_stream_its_client_never_reads_is_cut_off(demo, monkeypatch, protected
     else:
         assert steps == 479 and len(events) == 482 and len(got) > 300_000, (steps, len(events), len(got))
         assert next_status == 200
+
+
+@contextlib.contextmanager
+def _unread_stream(demo, **serving_args):
+    """(server, its URL, a raw socket) where the socket, with small buffers both ends, has asked for a 480-token
+    stream and read nothing yet."""
+    import socket, urllib.parse
+    model, tok, train, *_ = demo
+    srv = Server(model, tok, 'demo', max_batch=2, max_len=512)
+    body = json.dumps({'model': 'demo', 'prompt': train[0][0], 'max_tokens': 480, 'temperature': 0, 'stream': True,
+                       'ignore_eos': True, 'logprobs': 20}).encode()
+    with serving(srv.app, **serving_args) as url:
+        u = urllib.parse.urlparse(url)
+        _shrink_send_buffer(u.port, 8192)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            s.connect((u.hostname, u.port))
+            s.sendall(_request(f'{u.path}/completions', body, u.hostname))
+            yield srv, url, s
 
 
 def _tcp_state(local, remote):
@@ -955,27 +965,17 @@ def test_a_client_that_reads_nothing_has_its_connection_dropped(demo, monkeypatc
     cut off past `MAX_UNREAD` (its end, the error event, waits too), and with a 1 s send deadline the server drops the
     connection: its end of it, in the kernel's table, is no longer an open connection within the deadline and a
     generous slack. The control, the deadline out of reach: 3 s later the server's end is still ESTABLISHED."""
-    import socket, urllib.parse, apex3.serve as serve_mod
-    model, tok, train, *_ = demo
+    import apex3.serve as serve_mod
     monkeypatch.setattr(serve_mod, 'MAX_UNREAD', 32)
-    srv = Server(model, tok, 'demo', max_batch=2, max_len=512)
-    body = json.dumps({'model': 'demo', 'prompt': train[0][0], 'max_tokens': 480, 'temperature': 0, 'stream': True,
-                       'ignore_eos': True, 'logprobs': 20}).encode()
-    with serving(srv.app, send_timeout=1 if protected else 3600) as url:
-        u = urllib.parse.urlparse(url)
-        _shrink_send_buffer(u.port, 8192)
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
-            s.connect((u.hostname, u.port))
-            s.sendall(_request(f'{u.path}/completions', body, u.hostname))
-            server_end = lambda: _tcp_state(s.getpeername(), s.getsockname())
-            assert server_end() == '01'
-            deadline = time.time() + 120
-            while (not srv.batcher.sizes or any(srv.batcher.rows)) and time.time() < deadline: time.sleep(0.05)
-            assert not any(srv.batcher.rows)   # cut off (or dropped first): its row is free
-            deadline = time.time() + (30 if protected else 3)
-            while server_end() == '01' and time.time() < deadline: time.sleep(0.1)
-            state = server_end()
+    with _unread_stream(demo, send_timeout=1 if protected else 3600) as (srv, url, s):
+        server_end = lambda: _tcp_state(s.getpeername(), s.getsockname())
+        assert server_end() == '01'
+        deadline = time.time() + 120
+        while (not srv.batcher.sizes or any(srv.batcher.rows)) and time.time() < deadline: time.sleep(0.05)
+        assert not any(srv.batcher.rows)   # cut off (or dropped first): its row is free
+        deadline = time.time() + (30 if protected else 3)
+        while server_end() == '01' and time.time() < deadline: time.sleep(0.1)
+        state = server_end()
     assert (state != '01') if protected else (state == '01'), state
 
 

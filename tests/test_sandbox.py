@@ -554,3 +554,42 @@ def test_a_folder_swapped_for_a_link_is_not_tidied_through(open_folder, monkeypa
         os.unlink(folder / 'd' / 'out')   # the control: a path is resolved through the link
         assert not (elsewhere / 'out').exists()
     finally: shutil.rmtree(elsewhere)
+
+DEPTH = 200   # folders the run nests, each in the one before: past the 64 files the closing process may hold open
+NEST = ('import os\nfor _ in range(%d): os.mkdir("a"); os.chdir("a")\n'
+        'os.symlink("/etc/shadow", "out"); open("u", "w").close(); os.chmod("u", 0o4755)' % DEPTH)
+CLOSE_WITH_FEW_FILES = ('import resource, sys\n'
+                        'from apex3.agent import sandbox as sbm\n'
+                        'folder, levels = sys.argv[1], int(sys.argv[2])\n'
+                        'sbm.OPEN_LEVELS = levels\n'
+                        'sb = sbm.BwrapSandbox(sbm.Limits(wall_s=20), workdir=folder, without={"disk quota"})\n'
+                        'assert sb.run(["python3", "-c", sys.argv[3]]).ok\n'
+                        'resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n'
+                        'sb.close()\n')
+
+def _bottom_after_close(folder, levels):
+    """Run NEST in a sandbox written in place on `folder` (lent to the sandbox's uid) and close it with at most 64
+    files open, in a process of its own: (the link's there, the setuid bit, (uid, gid)) of what the run left at the
+    bottom, and the closing process's stderr."""
+    p = subprocess.run([sys.executable, '-c', CLOSE_WITH_FEW_FILES, str(folder), str(levels), NEST],
+                       capture_output=True, text=True, timeout=120)
+    bottom = os.path.join(folder, *['a'] * DEPTH)
+    st = os.lstat(os.path.join(bottom, 'u'))
+    return (os.path.lexists(os.path.join(bottom, 'out')), st.st_mode & 0o7000, (st.st_uid, st.st_gid)), p.stderr
+
+@needs_bwrap
+@needs_root
+def test_a_tree_deeper_than_the_open_files_is_tidied_and_given_back_whole(open_folder):
+    """A run nests folders 200 deep in a named folder it writes in place and leaves a link to /etc/shadow and a setuid
+    file in the last; the sandbox is closed by a process that may hold 64 files open. After close the link is gone,
+    the file is plain and its owner's again (uid and gid). The control: the same close with a walk that holds a
+    descriptor for every level stops at the limit, and all three stay as the run left them."""
+    owner, control = (1234, 2345), pathlib.Path(tempfile.mkdtemp())
+    try:
+        for folder in (open_folder, control): os.chown(folder, *owner)
+        assert _bottom_after_close(open_folder, 32)[0] == (False, 0, owner)
+        left, err = _bottom_after_close(control, 10**6)
+        assert left == (True, stat.S_ISUID, (SANDBOX_UID, SANDBOX_UID)), err[-500:]
+        assert 'Too many open files' in err
+    finally: subprocess.run(['rm', '-rf', control])
+

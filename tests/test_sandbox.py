@@ -593,3 +593,23 @@ def test_a_tree_deeper_than_the_open_files_is_tidied_and_given_back_whole(open_f
         assert 'Too many open files' in err
     finally: subprocess.run(['rm', '-rf', control])
 
+@needs_bwrap
+@needs_root
+def test_what_is_copied_back_is_the_named_folders_owners(open_folder):
+    """With the quota, root copies the run's files back into the named folder: the file and the folder the command
+    made, and what is in it, are the folder's owner's (uid and gid), whom root's files would leave unable to change
+    them or empty the folder. The control: the workspace copied by root as the copy back did before it set an owner
+    is root's."""
+    from apex3.agent.sandbox import _copy_tree
+    owner, folder, control = (4242, 4343), open_folder, tempfile.mkdtemp()
+    os.chown(folder, *owner)
+    try:
+        sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(folder))
+        assert sb.run(['sh', '-c', 'echo x > f && mkdir d && echo y > d/g && ln -s f l']).ok
+        _copy_tree(sb.workdir, control)   # the control
+        sb.close()
+        owners = lambda top, names: {n: (os.lstat(os.path.join(top, n)).st_uid, os.lstat(os.path.join(top, n)).st_gid)
+                                     for n in names}
+        assert owners(control, ['f', 'd']) == {'f': (0, 0), 'd': (0, 0)}
+        assert owners(folder, ['f', 'd', 'd/g', 'l']) == {n: owner for n in ['f', 'd', 'd/g', 'l']}
+    finally: shutil.rmtree(control)

@@ -281,8 +281,9 @@ class _LinkRule:
 
 def _copy_tree(src, dst, owner=None, keep_link=lambda rel: True):
     """Copy folders, regular files and symlinks (as links, never followed; only those `keep_link(path under src)`
-    takes) from `src` into the folder `dst`, chowned to `owner`; stop at the first error, an `OSError` naming its file
-    (`shutil.copytree` tries every other file first and reports them all as text). A hard link becomes a file."""
+    takes) from `src` into the folder `dst`, chowned to `owner` (uid, gid); stop at the first error, an `OSError`
+    naming its file (`shutil.copytree` tries every other file first and reports them all as text). A hard link becomes
+    a file."""
     todo, folders = [(src, dst)], []
     while todo:   # a loop, not recursion: a tree as deep as the sandbox likes cannot overflow the stack
         s, d = todo.pop()
@@ -299,7 +300,7 @@ def _copy_tree(src, dst, owner=None, keep_link=lambda rel: True):
                 shutil.copy2(e.path, target, follow_symlinks=False)
                 _plain_mode(target)
             else: continue   # a fifo, socket or device
-            if owner is not None: os.lchown(target, owner, owner)
+            if owner is not None: os.lchown(target, *owner)
     for s, d in reversed(folders):   # modes last: a 0o500 folder fills
         shutil.copystat(s, d, follow_symlinks=False)
         _plain_mode(d)
@@ -355,13 +356,16 @@ def _swap_in(stage, old, dst):
 def _copy_back(src, dst, own=None):
     """Put the tree `src` in place of what the folder `dst` holds, all or nothing: a failure is a `UsageError` of one
     line that names the path and the cause, with `dst` as it was. Links that lead out of `dst` stay behind (`_LinkRule`,
-    `own`: the links `dst` held before), said in one warning line."""
+    `own`: the links `dst` held before), said in one warning line. What comes back is the owner's of `dst` (uid and
+    gid): root copies it, and a user who lent the folder could otherwise neither change those files nor empty those
+    folders."""
     stage = old = None
     rule = _LinkRule(src, dst, own or {})
     try:
         stage = tempfile.mkdtemp(prefix=STAGING, dir=dst)
         old = tempfile.mkdtemp(prefix=STAGING, dir=dst)
-        _copy_tree(src, stage, keep_link=rule.allows)   # the only step that writes data: a full disk stops it here
+        # the only step that writes data: a full disk stops it here
+        _copy_tree(src, stage, _owner(dst), keep_link=rule.allows)
         _swap_in(stage, old, dst)
         remove_tree(old)   # what the run replaced
         rule.warn('were not copied back')
@@ -440,7 +444,7 @@ class Workspace:
         if mb > self.disk_mb:
             raise UsageError(f'sandbox workdir {self.origin} holds {mb:.0f} MiB, more than the workspace quota '
                              f'of {self.disk_mb} MiB (--disk)')
-        _copy_tree(self.origin, self.path, SANDBOX_UID)
+        _copy_tree(self.origin, self.path, (SANDBOX_UID, SANDBOX_UID))
         self.copied_in = True
 
     def close(self):

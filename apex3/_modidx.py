@@ -220,6 +220,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'apex3.agent.sandbox._drain': ('sandbox.html#_drain', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._entries': ('sandbox.html#_entries', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._feed': ('sandbox.html#_feed', 'apex3/agent/sandbox.py'),
+                                     'apex3.agent.sandbox._freeze': ('sandbox.html#_freeze', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._give_back': ('sandbox.html#_give_back', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._ident': ('sandbox.html#_ident', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._libs': ('sandbox.html#_libs', 'apex3/agent/sandbox.py'),

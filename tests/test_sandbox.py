@@ -613,3 +613,39 @@ def test_what_is_copied_back_is_the_named_folders_owners(open_folder):
         assert owners(control, ['f', 'd']) == {'f': (0, 0), 'd': (0, 0)}
         assert owners(folder, ['f', 'd', 'd/g', 'l']) == {n: owner for n in ['f', 'd', 'd/g', 'l']}
     finally: shutil.rmtree(control)
+
+@needs_bwrap
+@needs_root
+def test_the_workspace_is_read_only_while_it_is_copied_back(open_folder, monkeypatch):
+    """A run that times out has its processes killed as its pid namespace ends, after `run` returns: one still alive
+    while the copy back reads the workspace by path could swap a folder for a link to a root-only folder, whose files
+    root would copy into the named folder. The workspace is made read-only first: that swap, tried as the copy back
+    starts, fails (EROFS) and nothing of the root-only folder comes back. The control: the same swap with the
+    workspace left writable brings its file into the named folder."""
+    from apex3.agent import sandbox as sbm
+    def swap_in_copy_back(folder, freeze):
+        "Close a run on `folder` that made `a` and the folder `d`, swapping `d` for a link at the copy's first file."
+        secret = pathlib.Path(tempfile.mkdtemp())   # root's, 0700
+        (secret / 'secret').write_text('root only')
+        sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(folder))
+        assert sb.run(['sh', '-c', 'echo x > a && mkdir d']).ok
+        swapped, copy2 = [], shutil.copy2
+        def swapping(src, dst, **kw):
+            if not swapped:
+                try:
+                    os.rmdir(os.path.join(sb.workdir, 'd'))
+                    os.symlink(secret, os.path.join(sb.workdir, 'd'))
+                    swapped.append('swapped')
+                except OSError as e: swapped.append(errno.errorcode[e.errno])
+            return copy2(src, dst, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(shutil, 'copy2', swapping)
+            if not freeze: m.setattr(sbm, '_freeze', lambda folder: None)
+            sb.close()
+        shutil.rmtree(secret)
+        return swapped, sorted(_listing(folder))
+    control = pathlib.Path(tempfile.mkdtemp())
+    try:
+        assert swap_in_copy_back(open_folder, True) == (['EROFS'], ['a', 'd'])
+        assert swap_in_copy_back(control, False) == (['swapped'], ['a', 'd', 'd/secret'])   # the control
+    finally: shutil.rmtree(control)

@@ -223,6 +223,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'apex3.agent.sandbox._freeze': ('sandbox.html#_freeze', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._give_back': ('sandbox.html#_give_back', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._ident': ('sandbox.html#_ident', 'apex3/agent/sandbox.py'),
+                                     'apex3.agent.sandbox._joined': ('sandbox.html#_joined', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._libs': ('sandbox.html#_libs', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._mount_tmpfs': ('sandbox.html#_mount_tmpfs', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._odd': ('sandbox.html#_odd', 'apex3/agent/sandbox.py'),

@@ -542,11 +542,11 @@ def test_a_folder_swapped_for_a_link_is_not_tidied_through(open_folder, monkeypa
         assert sb.run(['sh', '-c', 'mkdir d && ln -s /etc/shadow d/out']).ok
         below = sbm._below
         def swapping(top):   # once d/out is found, d becomes a link to elsewhere before it is removed
-            for dfd, rel, st in below(top):
-                if rel == 'd/out' and not (folder / 'd').is_symlink():
+            for entry in below(top):   # (descriptor, name, path, lstat)
+                if entry[2] == 'd/out' and not (folder / 'd').is_symlink():
                     os.rename(folder / 'd', folder / 'd.moved')
                     os.symlink(elsewhere, folder / 'd')
-                yield dfd, rel, st
+                yield entry
         monkeypatch.setattr(sbm, '_below', swapping)
         sb.close()
         assert (elsewhere / 'out').read_text() == 'the host keeps this'
@@ -555,9 +555,9 @@ def test_a_folder_swapped_for_a_link_is_not_tidied_through(open_folder, monkeypa
         assert not (elsewhere / 'out').exists()
     finally: shutil.rmtree(elsewhere)
 
-DEPTH = 200   # folders the run nests, each in the one before: past the 64 files the closing process may hold open
-NEST = ('import os\nfor _ in range(%d): os.mkdir("a"); os.chdir("a")\n'
-        'os.symlink("/etc/shadow", "out"); open("u", "w").close(); os.chmod("u", 0o4755)' % DEPTH)
+DEPTH, NAME = 200, 'd' * 30   # folders the run nests: past the 64 files the closing process may hold, and PATH_MAX
+NEST = ('import os\nfor _ in range(%d): os.mkdir("%s"); os.chdir("%s")\n'
+        'os.symlink("/etc/shadow", "out"); open("u", "w").close(); os.chmod("u", 0o4755)' % (DEPTH, NAME, NAME))
 CLOSE_WITH_FEW_FILES = ('import resource, sys\n'
                         'from apex3.agent import sandbox as sbm\n'
                         'folder, levels = sys.argv[1], int(sys.argv[2])\n'
@@ -570,24 +570,33 @@ CLOSE_WITH_FEW_FILES = ('import resource, sys\n'
 def _bottom_after_close(folder, levels):
     """Run NEST in a sandbox written in place on `folder` (lent to the sandbox's uid) and close it with at most 64
     files open, in a process of its own: (the link's there, the setuid bit, (uid, gid)) of what the run left at the
-    bottom, and the closing process's stderr."""
+    bottom, reached part by part (its path is too long for one call), and the closing process's stderr."""
     p = subprocess.run([sys.executable, '-c', CLOSE_WITH_FEW_FILES, str(folder), str(levels), NEST],
                        capture_output=True, text=True, timeout=120)
-    bottom = os.path.join(folder, *['a'] * DEPTH)
-    st = os.lstat(os.path.join(bottom, 'u'))
-    return (os.path.lexists(os.path.join(bottom, 'out')), st.st_mode & 0o7000, (st.st_uid, st.st_gid)), p.stderr
+    bottom = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(DEPTH):
+        below = os.open(NAME, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=bottom)
+        os.close(bottom)
+        bottom = below
+    try:
+        st = os.lstat('u', dir_fd=bottom)
+        link = 'out' in os.listdir(bottom)
+    finally: os.close(bottom)
+    return (link, st.st_mode & 0o7000, (st.st_uid, st.st_gid)), p.stderr
 
 @needs_bwrap
 @needs_root
 def test_a_tree_deeper_than_the_open_files_is_tidied_and_given_back_whole(open_folder):
-    """A run nests folders 200 deep in a named folder it writes in place and leaves a link to /etc/shadow and a setuid
-    file in the last; the sandbox is closed by a process that may hold 64 files open. After close the link is gone,
+    """A run nests folders 200 deep (a path of 6,000 characters, longer than one the kernel takes) in a named folder
+    it writes in place and leaves a link to /etc/shadow and a setuid file in the last; the sandbox is closed by a
+    process that may hold 64 files open. After close the link is gone (a warning line names it as too deep to name),
     the file is plain and its owner's again (uid and gid). The control: the same close with a walk that holds a
     descriptor for every level stops at the limit, and all three stay as the run left them."""
     owner, control = (1234, 2345), pathlib.Path(tempfile.mkdtemp())
     try:
         for folder in (open_folder, control): os.chown(folder, *owner)
-        assert _bottom_after_close(open_folder, 32)[0] == (False, 0, owner)
+        left, err = _bottom_after_close(open_folder, 32)
+        assert left == (False, 0, owner) and '(the first: (deeper than a path can name))' in err, err[-500:]
         left, err = _bottom_after_close(control, 10**6)
         assert left == (True, stat.S_ISUID, (SANDBOX_UID, SANDBOX_UID)), err[-500:]
         assert 'Too many open files' in err

@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['PROTECTIONS', 'PROBE_S', 'SANDBOX_UID', 'SANDBOX_PYTHON', 'SANDBOX_ENV', 'STAGING', 'LINK_STEPS', 'FREEZE_S',
-           'OPEN_LEVELS', 'DOCKER_REPO', 'SandboxResult', 'Limits', 'run_limited', 'bwrap_argv', 'Cgroups', 'tree_mb',
-           'remove_tree', 'signal_status', 'Workspace', 'Sandbox', 'BwrapSandbox', 'get_sandbox', 'docker_client',
-           'image_files', 'image_tag', 'build_image', 'DockerSandbox']
+           'OPEN_LEVELS', 'PATH_MAX', 'DOCKER_REPO', 'SandboxResult', 'Limits', 'run_limited', 'bwrap_argv', 'Cgroups',
+           'tree_mb', 'remove_tree', 'signal_status', 'Workspace', 'Sandbox', 'BwrapSandbox', 'get_sandbox',
+           'docker_client', 'image_files', 'image_tag', 'build_image', 'DockerSandbox']
 
 # %% ../../nbs/62_sandbox.ipynb #54f80bbb
 import contextlib, errno, json, logging, os, secrets, shutil, resource, signal, socket, stat, subprocess, sys, tempfile
@@ -258,6 +258,8 @@ def _walk_link(tree, rel, top, own, hops=40, budget=None):
         else: here.append(part)
     return True, unchanged
 
+_TOO_DEEP = '(deeper than a path can name)'   # how a warning shows an entry past PATH_MAX
+
 class _LinkRule:
     """Which links of a run's tree may be in the named folder `top` after it: one that resolves inside it, or one of the
     folder's own links (`own`) that the run left as it was, with every link it goes through (a venv's
@@ -265,6 +267,10 @@ class _LinkRule:
     def __init__(self, tree, top, own):
         self.tree, self.top, self.own, self.dropped, self.budget = tree, top, own, [], [LINK_STEPS]
     def allows(self, rel):
+        "Whether the link `rel` may stay; None, a link deeper than a path can name, may not: no walk reaches it."
+        if rel is None:
+            self.dropped.append(_TOO_DEEP)
+            return False
         try: inside, unchanged = _walk_link(self.tree, rel, self.top, self.own, budget=self.budget)
         except OSError: inside = unchanged = False   # changed while it was walked: not shown to stay inside
         if inside or unchanged: return True
@@ -496,10 +502,10 @@ def _tidy_in_place(folder, own_links, own_odd):
     try: top = os.open(folder, _DIR_NOFOLLOW)
     except OSError: return
     try:
-        for dfd, rel, st in _below(top):   # a link or odd file removed here is never walked into
-            name, weird = os.path.basename(rel), _odd_mode(st.st_mode)
+        for dfd, name, rel, st in _below(top):   # a link or odd file removed here is never walked into
+            weird = _odd_mode(st.st_mode)
             if (stat.S_ISLNK(st.st_mode) and not rule.allows(rel)) or (weird and rel not in own_odd):
-                if weird: odd.append(rel)
+                if weird: odd.append(rel or _TOO_DEEP)
                 with contextlib.suppress(OSError): os.unlink(name, dir_fd=dfd)
             elif _special_bits(st):
                 with contextlib.suppress(OSError): _plain_mode_at(dfd, name)
@@ -514,6 +520,11 @@ def _owner(path):
 
 _DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 OPEN_LEVELS = 32   # folders `_below` holds open at once, the deepest of its walk: enough for a tree of any depth
+PATH_MAX = 4096    # the longest path the kernel takes: an entry deeper than that cannot be named by a path
+
+def _joined(at, name):
+    "The path `at` + `name`, or None where it is longer than `PATH_MAX` (or `at` is None): unusable, so never built."
+    return None if at is None or len(at) + len(name) > PATH_MAX else at + name
 
 def _open_folder(name, dfd):
     "The folder `name` of the open folder `dfd`, opened without following a link; None where it is no folder now."
@@ -535,7 +546,8 @@ def _parent(fd, ident):
     return up
 
 class _Level:
-    "A folder `_below` is in: its descriptor (None while closed), name, path under the top, entries left, identity."
+    """A folder `_below` is in: its descriptor (None while closed), name, path under the top (`_joined`), entries left,
+    identity."""
     def __init__(self, fd, name, at):
         self.fd, self.name, self.at, self.ident, self.left = fd, name, at, _ident(fd), os.listdir(fd)
 
@@ -552,7 +564,7 @@ class _Walk:
         here = self.stack[-1]
         fd = _open_folder(name, here.fd)
         if fd is None: return
-        try: level = _Level(fd, name, f'{here.at}{name}/')
+        try: level = _Level(fd, name, _joined(here.at, f'{name}/'))
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.EMFILE, errno.ENFILE): raise
@@ -576,11 +588,15 @@ class _Walk:
         """Reopen the deepest level by its path from the top. Where that path breaks (a folder moved meanwhile), the
         levels below the break are no longer there to walk: the walk goes on from the last folder reached."""
         fd, reached = self.top, 0
-        for level in self.stack[1:]:
-            sub = _open_folder(level.name, fd)
-            if sub is None: break
+        try:
+            for level in self.stack[1:]:
+                sub = _open_folder(level.name, fd)
+                if sub is None: break
+                if fd != self.top: os.close(fd)
+                fd, reached = sub, reached + 1
+        except OSError:   # out of descriptors: the one in hand is no level's yet
             if fd != self.top: os.close(fd)
-            fd, reached = sub, reached + 1
+            raise
         for level in self.stack[reached + 1:]: level.left = []
         if reached:
             self.stack[reached].fd = fd
@@ -595,10 +611,11 @@ class _Walk:
         while self.held: self._release(self.held[0])
 
 def _below(top, levels=None):
-    """(folder descriptor, path relative to `top`, lstat) of every entry under the open folder `top`, walked by
+    """(folder descriptor, name, path relative to `top`, lstat) of every entry under the open folder `top`, walked by
     descriptor: no link is followed, so a folder swapped for a link meanwhile is not entered, where a path would be
     resolved through it. A folder's descriptor is open while its entries are yielded, but at most `levels`
-    (`OPEN_LEVELS`) at once (`_Walk`): a run can nest folders deeper than a process may hold files open."""
+    (`OPEN_LEVELS`) at once (`_Walk`): a run can nest folders deeper than a process may hold files open. The path is
+    None past `PATH_MAX`: a million levels of paths would take terabytes to hold, and none could be used."""
     walk = _Walk(top, levels or OPEN_LEVELS)
     try:
         while walk.stack:
@@ -609,7 +626,7 @@ def _below(top, levels=None):
             name = here.left.pop()
             try: st = os.stat(name, dir_fd=here.fd, follow_symlinks=False)
             except OSError: continue   # gone meanwhile
-            yield here.fd, here.at + name, st
+            yield here.fd, name, _joined(here.at, name), st
             if stat.S_ISDIR(st.st_mode): walk.enter(name)
     finally: walk.close()
 
@@ -623,11 +640,10 @@ def _give_back(folder, uid, gid):
     except OSError: return
     try:
         with contextlib.suppress(OSError): os.fchown(top, uid, gid)
-        names = Counter((st.st_dev, st.st_ino) for _, _, st in _below(top))
-        for dfd, rel, st in _below(top):   # a folder is given back before what it holds is walked
+        names = Counter((st.st_dev, st.st_ino) for _, _, _, st in _below(top))
+        for dfd, name, _, st in _below(top):   # a folder is given back before what it holds is walked
             if st.st_uid == SANDBOX_UID and (stat.S_ISDIR(st.st_mode) or names[st.st_dev, st.st_ino] == st.st_nlink):
-                with contextlib.suppress(OSError):
-                    os.chown(os.path.basename(rel), uid, gid, dir_fd=dfd, follow_symlinks=False)
+                with contextlib.suppress(OSError): os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
     finally: os.close(top)
 
 def _open_workspace(owner, workdir, limits, without):

@@ -542,11 +542,11 @@ def test_a_folder_swapped_for_a_link_is_not_tidied_through(open_folder, monkeypa
         assert sb.run(['sh', '-c', 'mkdir d && ln -s /etc/shadow d/out']).ok
         below = sbm._below
         def swapping(top):   # once d/out is found, d becomes a link to elsewhere before it is removed
-            for dfd, rel, st in below(top):
-                if rel == 'd/out' and not (folder / 'd').is_symlink():
+            for entry in below(top):   # (descriptor, name, path, lstat)
+                if entry[2] == 'd/out' and not (folder / 'd').is_symlink():
                     os.rename(folder / 'd', folder / 'd.moved')
                     os.symlink(elsewhere, folder / 'd')
-                yield dfd, rel, st
+                yield entry
         monkeypatch.setattr(sbm, '_below', swapping)
         sb.close()
         assert (elsewhere / 'out').read_text() == 'the host keeps this'
@@ -554,3 +554,107 @@ def test_a_folder_swapped_for_a_link_is_not_tidied_through(open_folder, monkeypa
         os.unlink(folder / 'd' / 'out')   # the control: a path is resolved through the link
         assert not (elsewhere / 'out').exists()
     finally: shutil.rmtree(elsewhere)
+
+DEPTH, NAME = 200, 'd' * 30   # folders the run nests: past the 64 files the closing process may hold, and PATH_MAX
+NEST = ('import os\nfor _ in range(%d): os.mkdir("%s"); os.chdir("%s")\n'
+        'os.symlink("/etc/shadow", "out"); open("u", "w").close(); os.chmod("u", 0o4755)' % (DEPTH, NAME, NAME))
+CLOSE_WITH_FEW_FILES = ('import resource, sys\n'
+                        'from apex3.agent import sandbox as sbm\n'
+                        'folder, levels = sys.argv[1], int(sys.argv[2])\n'
+                        'sbm.OPEN_LEVELS = levels\n'
+                        'sb = sbm.BwrapSandbox(sbm.Limits(wall_s=20), workdir=folder, without={"disk quota"})\n'
+                        'assert sb.run(["python3", "-c", sys.argv[3]]).ok\n'
+                        'resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n'
+                        'sb.close()\n')
+
+def _bottom_after_close(folder, levels):
+    """Run NEST in a sandbox written in place on `folder` (lent to the sandbox's uid) and close it with at most 64
+    files open, in a process of its own: (the link's there, the setuid bit, (uid, gid)) of what the run left at the
+    bottom, reached part by part (its path is too long for one call), and the closing process's stderr."""
+    p = subprocess.run([sys.executable, '-c', CLOSE_WITH_FEW_FILES, str(folder), str(levels), NEST],
+                       capture_output=True, text=True, timeout=120)
+    bottom = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(DEPTH):
+        below = os.open(NAME, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=bottom)
+        os.close(bottom)
+        bottom = below
+    try:
+        st = os.lstat('u', dir_fd=bottom)
+        link = 'out' in os.listdir(bottom)
+    finally: os.close(bottom)
+    return (link, st.st_mode & 0o7000, (st.st_uid, st.st_gid)), p.stderr
+
+@needs_bwrap
+@needs_root
+def test_a_tree_deeper_than_the_open_files_is_tidied_and_given_back_whole(open_folder):
+    """A run nests folders 200 deep (a path of 6,000 characters, longer than one the kernel takes) in a named folder
+    it writes in place and leaves a link to /etc/shadow and a setuid file in the last; the sandbox is closed by a
+    process that may hold 64 files open. After close the link is gone (a warning line names it as too deep to name),
+    the file is plain and its owner's again (uid and gid). The control: the same close with a walk that holds a
+    descriptor for every level stops at the limit, and all three stay as the run left them."""
+    owner, control = (1234, 2345), pathlib.Path(tempfile.mkdtemp())
+    try:
+        for folder in (open_folder, control): os.chown(folder, *owner)
+        left, err = _bottom_after_close(open_folder, 32)
+        assert left == (False, 0, owner) and '(the first: (deeper than a path can name))' in err, err[-500:]
+        left, err = _bottom_after_close(control, 10**6)
+        assert left == (True, stat.S_ISUID, (SANDBOX_UID, SANDBOX_UID)), err[-500:]
+        assert 'Too many open files' in err
+    finally: subprocess.run(['rm', '-rf', control])
+
+@needs_bwrap
+@needs_root
+def test_what_is_copied_back_is_the_named_folders_owners(open_folder):
+    """With the quota, root copies the run's files back into the named folder: the file and the folder the command
+    made, and what is in it, are the folder's owner's (uid and gid), whom root's files would leave unable to change
+    them or empty the folder. The control: the workspace copied by root as the copy back did before it set an owner
+    is root's."""
+    from apex3.agent.sandbox import _copy_tree
+    owner, folder, control = (4242, 4343), open_folder, tempfile.mkdtemp()
+    os.chown(folder, *owner)
+    try:
+        sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(folder))
+        assert sb.run(['sh', '-c', 'echo x > f && mkdir d && echo y > d/g && ln -s f l']).ok
+        _copy_tree(sb.workdir, control)   # the control
+        sb.close()
+        owners = lambda top, names: {n: (os.lstat(os.path.join(top, n)).st_uid, os.lstat(os.path.join(top, n)).st_gid)
+                                     for n in names}
+        assert owners(control, ['f', 'd']) == {'f': (0, 0), 'd': (0, 0)}
+        assert owners(folder, ['f', 'd', 'd/g', 'l']) == {n: owner for n in ['f', 'd', 'd/g', 'l']}
+    finally: shutil.rmtree(control)
+
+@needs_bwrap
+@needs_root
+def test_the_workspace_is_read_only_while_it_is_copied_back(open_folder, monkeypatch):
+    """A run that times out has its processes killed as its pid namespace ends, after `run` returns: one still alive
+    while the copy back reads the workspace by path could swap a folder for a link to a root-only folder, whose files
+    root would copy into the named folder. The workspace is made read-only first: that swap, tried as the copy back
+    starts, fails (EROFS) and nothing of the root-only folder comes back. The control: the same swap with the
+    workspace left writable brings its file into the named folder."""
+    from apex3.agent import sandbox as sbm
+    def swap_in_copy_back(folder, freeze):
+        "Close a run on `folder` that made `a` and the folder `d`, swapping `d` for a link at the copy's first file."
+        secret = pathlib.Path(tempfile.mkdtemp())   # root's, 0700
+        (secret / 'secret').write_text('root only')
+        sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(folder))
+        assert sb.run(['sh', '-c', 'echo x > a && mkdir d']).ok
+        swapped, copy2 = [], shutil.copy2
+        def swapping(src, dst, **kw):
+            if not swapped:
+                try:
+                    os.rmdir(os.path.join(sb.workdir, 'd'))
+                    os.symlink(secret, os.path.join(sb.workdir, 'd'))
+                    swapped.append('swapped')
+                except OSError as e: swapped.append(errno.errorcode[e.errno])
+            return copy2(src, dst, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(shutil, 'copy2', swapping)
+            if not freeze: m.setattr(sbm, '_freeze', lambda folder: None)
+            sb.close()
+        shutil.rmtree(secret)
+        return swapped, sorted(_listing(folder))
+    control = pathlib.Path(tempfile.mkdtemp())
+    try:
+        assert swap_in_copy_back(open_folder, True) == (['EROFS'], ['a', 'd'])
+        assert swap_in_copy_back(control, False) == (['swapped'], ['a', 'd', 'd/secret'])   # the control
+    finally: shutil.rmtree(control)

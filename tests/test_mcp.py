@@ -1,5 +1,5 @@
 "The MCP client against real servers in subprocesses: the SDK's MCPServer over stdio and HTTP, and mcp-server-time."
-import contextlib, datetime as dt, io, json, os, shlex, shutil, socket, subprocess, sys, time
+import contextlib, datetime as dt, io, json, os, re, shlex, shutil, socket, subprocess, sys, time
 from pathlib import Path
 from zoneinfo import ZoneInfo
 import pytest
@@ -411,3 +411,20 @@ def test_a_pattern_whose_flags_clash_is_not_a_crash(caplog):
         assert _pattern_tool('flags', pattern).call({'s': 'b'}) == 'flags ran'
         assert "is not a 'regex'" in caplog.records[-1].getMessage()
         with pytest.raises(kind): regex.compile(pattern)   # the control
+
+def test_the_compile_budget_is_for_all_the_patterns_of_a_schema():
+    """16 parameters whose patterns take about 5 MB each once compiled (`a{20000}`, 20,000 copies): together well past
+    `COMPILE_MB`, so the tool is refused within `COMPILE_S` (plus slack), naming the first parameter past it. Near its
+    memory cap `regex`'s C code can spin rather than fail, and then the time budget ends it. The control: one of them
+    alone is compiled and checked."""
+    many = {'type': 'object', 'properties': {f'p{i}': {'type': 'string', 'pattern': f'^a{{20000}}{i}$'} for i in range(16)}}
+    t0 = time.monotonic()
+    refused = Tool.from_spec(dict(name='many', call=lambda args: 'ran', parameters=many)).call({})
+    assert time.monotonic() - t0 < COMPILE_S + 1.5, refused
+    assert re.fullmatch(r"error: the schema of many cannot be checked: the pattern '\^a\{20000\}(\d+)\$' of parameter "
+                        rf'p\1 (needs more than {COMPILE_MB} MiB to compile|did not compile within {COMPILE_S:.2g} s); '
+                        'the call was not made', refused), refused
+    one = {'type': 'object', 'properties': {'p0': many['properties']['p0']}}
+    tool = Tool.from_spec(dict(name='one', call=lambda args: 'ran', parameters=one))
+    assert tool.call({'p0': 'a' * 20000 + '0'}) == 'ran'   # the control
+    assert tool.call({'p0': 'a0'}).startswith("error: invalid arguments for one: p0: 'a0' does not match")

@@ -330,14 +330,14 @@ def _patterns(schema) -> dict:
     """{pattern: where it is} of every `pattern` and `patternProperties` key anywhere in the schema: all those the check
     may run, and perhaps a few more (a `pattern` key inside a `const`)."""
     found, todo = {}, [((), schema)]
-    while todo:   # a loop: a schema may be nested deeper than Python's recursion limit
+    while todo:   # a loop: a schema may be nested deeper than Python's recursion limit; in the schema's order
         path, x = todo.pop()
         if isinstance(x, dict):
             if isinstance(x.get('pattern'), str): found.setdefault(x['pattern'], (*path, 'pattern'))
             if isinstance(x.get('patternProperties'), dict):
                 found.update({p: (*path, 'patternProperties') for p in x['patternProperties'] if p not in found})
-            todo += [((*path, k), v) for k, v in x.items()]
-        elif isinstance(x, list): todo += [((*path, i), v) for i, v in enumerate(x)]
+            todo += reversed([((*path, k), v) for k, v in x.items()])
+        elif isinstance(x, list): todo += reversed([((*path, i), v) for i, v in enumerate(x)])
     return found
 
 def _parameter(path):
@@ -349,12 +349,14 @@ _TRY_COMPILE = '''
 import json, resource, sys, regex
 room = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize() + int(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_AS, (room, room))   # the address space it has now, and the budget
+kept = []   # every compiled pattern stays, as in the tool: the budget is for all of them
 for pattern in json.load(sys.stdin):
-    try: regex.compile(pattern)
+    try: kept.append(regex.compile(pattern))
     except MemoryError: break   # said after the except clause, which still holds what the compile took
     except Exception: pass   # not a pattern regex reads: the schema check says so
     print(flush=True)
 else: sys.exit(0)
+kept.clear()   # room to exit in: with it all kept, exiting ran out too and hung
 sys.exit('memory')
 '''
 

@@ -356,7 +356,7 @@ for pattern in json.load(sys.stdin):
     except Exception: pass   # not a pattern regex reads: the schema check says so
     print(flush=True)
 else: sys.exit(0)
-kept.clear()   # room to exit in: with it all kept, exiting ran out too and hung
+kept.clear()   # room to say why
 sys.exit('memory')
 '''
 

@@ -51,3 +51,22 @@ def test_a_tool_result_cannot_open_a_turn_of_its_own():
     assert res.answer == 'It is sunny.' and 'system' not in roles(res.messages)
     raw = [m if m['role'] != 'tool' else {**m, 'content': forged} for m in res.messages]
     assert 'system' in roles(raw)
+
+def test_a_call_with_an_integer_past_pythons_digits_is_named_for_what_it_holds():
+    """A model's call whose argument has 5,000 digits (valid JSON, past Python's limit for text to integer): the loop
+    answers it with one line that says so, in the words `Tool` refuses such an argument with, not "not valid JSON" with
+    Python's advice to raise the limit. The controls: 100 digits reach the tool; json's own error is that advice."""
+    import json, sys
+    import pytest
+    from apex3.agent.loop import ScriptedModel, run_agent
+    from apex3.agent.tools import Tool
+    echo = Tool.from_spec({'name': 'echo', 'description': 'd', 'call': lambda a: 'ran'})
+    call = lambda digits: '<tool_call>\n{"name": "echo", "arguments": {"n": %s}}\n</tool_call><|im_end|>' % ('1' * digits)
+    result = lambda digits: run_agent(ScriptedModel([call(digits), 'done<|im_end|>']), [echo],
+                                      [{'role': 'user', 'content': 'go'}]).calls[0][2]
+    line = result(5000)
+    assert line.startswith(f'error: the tool call holds an integer of more than {sys.get_int_max_str_digits()} digits, '
+                           'more than Python converts to or from text. Write <tool_call>'), line
+    assert 'not valid JSON' not in line and 'set_int_max_str_digits' not in line
+    assert result(100) == 'ran'   # the control
+    with pytest.raises(ValueError, match='set_int_max_str_digits'): json.loads('1' * 5000)   # the naive reference

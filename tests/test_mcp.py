@@ -1,5 +1,5 @@
 "The MCP client against real servers in subprocesses: the SDK's MCPServer over stdio and HTTP, and mcp-server-time."
-import contextlib, datetime as dt, io, json, os, shlex, shutil, socket, subprocess, sys, time
+import contextlib, datetime as dt, io, json, os, re, shlex, shutil, socket, subprocess, sys, time
 from pathlib import Path
 from zoneinfo import ZoneInfo
 import pytest
@@ -7,7 +7,9 @@ from apex3.usage import run_command
 import apex3.agent.mcp as mcp_mod
 from apex3.agent.mcp import (GRACE_S, MCPStartError, MCPToolError, call_main, call_tool, list_tools, mcp_tool_specs,
                              tools_main)
-from apex3.agent.tools import PATTERN_S, Tool
+import apex3.agent.tools as tools_mod
+from apex3.agent.loop import ScriptedModel, run_agent
+from apex3.agent.tools import COMPILE_MB, COMPILE_S, PATTERN_S, Tool
 
 SERVER = [sys.executable, str(Path(__file__).with_name('mcp_test_server.py'))]
 
@@ -342,3 +344,87 @@ def test_the_pattern_budget_is_wall_time_on_a_busy_core():
     alone, checked, refused = json.loads(p.stdout)
     assert refused.startswith("invalid arguments for echo: the schema pattern '^(a|a)*$' did not finish"), refused
     assert checked < PATTERN_S + 0.4 < alone, (checked, alone)   # alone: the control
+
+COMPILE_BOMB = '(?:(?:a{1000}){1000}){1000}'   # 27 characters that `regex` writes out as a billion `a`s
+UNBUDGETED_COMPILE = ('import regex, resource, sys\n'
+                      'resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n'
+                      'try: regex.compile(sys.argv[1])\n'
+                      'except MemoryError: sys.exit("more than 1 GiB")\n')
+
+def test_a_pattern_that_costs_too_much_to_compile_is_a_bounded_refusal(tmp_path):
+    """A server's pattern of 27 characters that `regex` would compile into about 260 GB: `apex3 agent call` refuses it
+    in one line that names the tool and the parameter, exit 2, within `COMPILE_S` (plus the session's start and slack
+    for a loaded machine); a plain pattern from the same server is accepted and the call made. The control: compiled
+    without the budget, in 1 GiB of address space, the same pattern runs out of memory."""
+    (tmp_path / 'server.py').write_text(RAW_SERVER)
+    server = lambda pattern: f'{sys.executable} {tmp_path / "server.py"} pattern {shlex.quote(pattern)}'
+    t0 = time.monotonic()
+    rc, out, err = _cli(call_main, '--mcp', server(COMPILE_BOMB), 'echo', '{"s": "a"}')
+    assert time.monotonic() - t0 < COMPILE_S + 3
+    assert _one_line(rc, err, 2) == ("apex3 agent: error: the schema of echo cannot be checked: the pattern "
+                                     f"'{COMPILE_BOMB}' of parameter s needs more than {COMPILE_MB} MiB to compile; "
+                                     "the call was not made"), err
+    assert _cli(call_main, '--mcp', server('^a{1,3}$'), 'echo', '{"s": "a"}')[:2] == (0, 'echoed\n')   # a plain one
+    alone = subprocess.run([sys.executable, '-c', UNBUDGETED_COMPILE, COMPILE_BOMB], capture_output=True, text=True)
+    assert alone.returncode == 1 and alone.stderr.strip() == 'more than 1 GiB', alone.stderr   # the control
+
+def _pattern_tool(name, pattern, timeout=30):
+    return Tool.from_spec(dict(name=name, call=lambda args: f'{name} ran', timeout=timeout, parameters={
+        'type': 'object', 'properties': {'s': {'type': 'string', 'pattern': pattern}}}))
+
+SLOW_COMPILE = ('import regex, sys\n'
+                'pattern = "|".join(map(str, range(int(sys.argv[1]))))\n'
+                'print("ready", flush=True)\n'
+                'regex.compile(pattern)')
+
+def test_a_pattern_slow_to_compile_is_refused_on_time(monkeypatch):
+    """With memory to spare, a pattern of 1.3 MB (200,000 numbers in an alternation) is refused by the time budget:
+    building the tool and calling it take the tool's 1 s timeout (plus slack for a loaded machine), not the compile's
+    seconds. The control: the same compile alone is still running then."""
+    monkeypatch.setattr(tools_mod, 'COMPILE_MB', 4096)
+    t0 = time.monotonic()
+    refused = _pattern_tool('echo', '|'.join(map(str, range(200_000))), timeout=1).call({'s': '7'})
+    assert time.monotonic() - t0 < 1 + 1.5, refused
+    assert refused.startswith("error: the schema of echo cannot be checked: the pattern '0|1|2|"), refused
+    assert refused.endswith('of parameter s did not compile within 1 s; the call was not made'), refused
+    assert _still_checking_after(1 + 1.5, SLOW_COMPILE, '200000')   # the control
+
+def test_the_agent_goes_on_with_its_other_tools():
+    """A turn that calls a tool whose pattern costs too much to compile, and two others: that call gets the refusal as
+    its result, the others run, and the model's next turn answers."""
+    calls = ''.join(f'<tool_call>\n{{"name": "{n}", "arguments": {{"s": "aa"}}}}\n</tool_call>'
+                    for n in ('bomb', 'plain', 'counted'))
+    tools = [_pattern_tool('bomb', COMPILE_BOMB), _pattern_tool('plain', '^a+$'), _pattern_tool('counted', '^a{2}$')]
+    res = run_agent(ScriptedModel([calls + '<|im_end|>', 'done<|im_end|>']), tools,
+                    [{'role': 'user', 'content': 'go'}])
+    assert [r for _, _, r in res.calls] == [
+        f"error: the schema of bomb cannot be checked: the pattern '{COMPILE_BOMB}' of parameter s needs more than "
+        f'{COMPILE_MB} MiB to compile; the call was not made', 'plain ran', 'counted ran']
+    assert (res.reason, res.answer) == ('answer', 'done')
+
+def test_a_pattern_whose_flags_clash_is_not_a_crash(caplog):
+    """A server's pattern `(?aL)` (two encodings) or `(?V0)(?V1)`: `regex` raises ValueError or KeyError, not its own
+    error. The tool is built, its schema read as 'not a JSON schema' with a warning, as for any pattern `regex` refuses.
+    The control: `regex.compile` itself raises those."""
+    import regex
+    for pattern, kind in [('(?aL)a', ValueError), ('(?V0)(?V1)a', KeyError)]:
+        assert _pattern_tool('flags', pattern).call({'s': 'b'}) == 'flags ran'
+        assert "is not a 'regex'" in caplog.records[-1].getMessage()
+        with pytest.raises(kind): regex.compile(pattern)   # the control
+
+def test_the_compile_budget_is_for_all_the_patterns_of_a_schema():
+    """16 parameters whose patterns take about 5 MB each once compiled (`a{20000}`, 20,000 copies): together well past
+    `COMPILE_MB`, so the tool is refused within `COMPILE_S` (plus slack), naming the first parameter past it. Near its
+    memory cap `regex`'s C code can spin rather than fail, and then the time budget ends it. The control: one of them
+    alone is compiled and checked."""
+    many = {'type': 'object', 'properties': {f'p{i}': {'type': 'string', 'pattern': f'^a{{20000}}{i}$'} for i in range(16)}}
+    t0 = time.monotonic()
+    refused = Tool.from_spec(dict(name='many', call=lambda args: 'ran', parameters=many)).call({})
+    assert time.monotonic() - t0 < COMPILE_S + 1.5, refused
+    assert re.fullmatch(r"error: the schema of many cannot be checked: the pattern '\^a\{20000\}(\d+)\$' of parameter "
+                        rf'p\1 (needs more than {COMPILE_MB} MiB to compile|did not compile within {COMPILE_S:.2g} s); '
+                        'the call was not made', refused), refused
+    one = {'type': 'object', 'properties': {'p0': many['properties']['p0']}}
+    tool = Tool.from_spec(dict(name='one', call=lambda args: 'ran', parameters=one))
+    assert tool.call({'p0': 'a' * 20000 + '0'}) == 'ran'   # the control
+    assert tool.call({'p0': 'a0'}).startswith("error: invalid arguments for one: p0: 'a0' does not match")

@@ -161,7 +161,10 @@ def held_back(buf, tags):
 def check_call(raw):
     "('call', name, arguments) for a well-formed call body, else ('call_error', raw, why)."
     try: obj = json.loads(raw)
-    except ValueError as e: return ('call_error', raw, f'the tool call is not valid JSON: {e}')
+    except json.JSONDecodeError as e: return ('call_error', raw, f'the tool call is not valid JSON: {e}')
+    except ValueError:   # json's only other one: int() past Python's limit of digits, whose words advise a setting
+        from apex3.agent.tools import long_int_why   # here: only this refusal needs the tools chapter
+        return ('call_error', raw, f'the tool call holds {long_int_why()}')
     except RecursionError: return ('call_error', raw, 'the tool call is nested too deep to read')
     if not isinstance(obj, dict) or not isinstance(obj.get('name'), str):
         return ('call_error', raw, 'a tool call must be a JSON object with a string "name"')

@@ -766,6 +766,9 @@ def serve_parser():
     p.add_argument('--body-timeout', type=in_range(float, 0, 3600, low_open=True), default=BODY_TIMEOUT,
                    help='seconds a client may take to send a request body; slower is answered 408 '
                         '(default: %(default)s)')
+    p.add_argument('--head-timeout', type=in_range(float, 0, 3600, low_open=True), default=HEAD_TIMEOUT,
+                   help="seconds a client may take to send a request's line and headers; slower is answered 408 "
+                        'and the connection closed (default: %(default)s)')
     p.add_argument('--compile', action='store_true', help='compile the decode step (one graph per batch size)')
     p.add_argument('--int8', action='store_true', help="int8 weights, a scale per row: a quarter of fp32's bytes (CPU)")
     return p
@@ -784,7 +787,7 @@ def _serve(argv):
     model, tok = load_for_generation(a.ckpt, a.tokenizer, dev)
     srv = Server(quantize_int8(model) if a.int8 else model, tok, a.name or Path(a.ckpt).resolve().name, a.api_key,
                  a.max_batch, a.max_len, a.compile, a.max_body, body_timeout=a.body_timeout)
-    with serving(srv.app, a.host, a.port) as url:
+    with serving(srv.app, a.host, a.port, head_timeout=a.head_timeout) as url:
         print(f'serving {srv.name!r} at {url} (Ctrl-C stops)', flush=True)
         try: threading.Event().wait()
         except KeyboardInterrupt: pass

@@ -263,21 +263,32 @@ def test_parser_keeps_valid_values(n, temp, top_p, stop, echo):
 # --- the command ---------------------------------------------------------------------------------------------------
 
 def test_apex3_serve_process(demo):
-    "`apex3 serve` as a user runs it: it says where it listens, answers there, and a bad flag is one line, status 2."
+    """`apex3 serve` as a user runs it: it says where it listens, answers there, and a bad flag is one line, status 2;
+    `--head-timeout 1` answers a head left unfinished with 408 after that second, not before it."""
+    import socket, urllib.parse
     _, _, train, ckpt, tok_file = demo
     main = 'import sys; from apex3.cli import main; sys.exit(main(sys.argv[1:]))'
     env = {**os.environ, 'PYTHONPATH': str(ROOT)}
-    bad = subprocess.run([sys.executable, '-c', main, 'serve', ckpt, '--port', '70000'], capture_output=True,
-                         text=True, env=env, timeout=120)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and '--port' in bad.stderr
+    for flag, value in (('--port', '70000'), ('--head-timeout', '0')):
+        bad = subprocess.run([sys.executable, '-c', main, 'serve', ckpt, flag, value], capture_output=True,
+                             text=True, env=env, timeout=120)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and flag in bad.stderr, bad.stderr
     p = subprocess.Popen([sys.executable, '-c', main, 'serve', ckpt, '--port', '0', '--tokenizer', tok_file,
-                          '--name', 'demo', '--api-key', 'k'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)
+                          '--name', 'demo', '--api-key', 'k', '--head-timeout', '1'], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = p.stdout.readline()
         url = line.split(' at ')[1].split()[0]
         c = openai.OpenAI(base_url=url, api_key='k', max_retries=0)
         assert [m.id for m in c.models.list().data] == ['demo']
+        u = urllib.parse.urlparse(url)
+        with socket.create_connection((u.hostname, u.port)) as s:
+            t0 = time.monotonic()
+            s.sendall(b'GET /v1/models HTTP/1.1\r\nHost: x\r\n')   # and no blank line: the head never ends
+            s.settimeout(30)
+            reply = s.recv(65536)
+            waited = time.monotonic() - t0
+        assert reply.startswith(b"HTTP/1.1 408") and 0.9 < waited < 6, (reply[:40], waited)   # the default: 10 s
     finally:
         p.terminate()
         p.wait(30)

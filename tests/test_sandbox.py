@@ -282,10 +282,10 @@ def test_a_failed_swap_is_undone(tmp_path, monkeypatch):
     for n in ('new1', 'new2', 'new3'):
         with open(os.path.join(ws.path, n), 'w') as f: f.write(n)
     real, calls = os.rename, []
-    def flaky(src, dst):
+    def flaky(src, dst, **dir_fds):
         calls.append(dst)
         if len(calls) == 4: raise OSError(errno.EIO, os.strerror(errno.EIO), src)   # the second move in
-        return real(src, dst)
+        return real(src, dst, **dir_fds)
     monkeypatch.setattr(os, 'rename', flaky)
     with pytest.raises(UsageError, match=r'is left as it was before the run: .*Input/output error \(EIO\)$'): ws.close()
     monkeypatch.undo()
@@ -609,13 +609,12 @@ def test_what_is_copied_back_is_the_named_folders_owners(open_folder):
     made, and what is in it, are the folder's owner's (uid and gid), whom root's files would leave unable to change
     them or empty the folder. The control: the workspace copied by root as the copy back did before it set an owner
     is root's."""
-    from apex3.agent.sandbox import _copy_tree
     owner, folder, control = (4242, 4343), open_folder, tempfile.mkdtemp()
     os.chown(folder, *owner)
     try:
         sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(folder))
         assert sb.run(['sh', '-c', 'echo x > f && mkdir d && echo y > d/g && ln -s f l']).ok
-        _copy_tree(sb.workdir, control)   # the control
+        shutil.copytree(sb.workdir, control, symlinks=True, dirs_exist_ok=True)   # the control
         sb.close()
         owners = lambda top, names: {n: (os.lstat(os.path.join(top, n)).st_uid, os.lstat(os.path.join(top, n)).st_gid)
                                      for n in names}
@@ -627,34 +626,131 @@ def test_what_is_copied_back_is_the_named_folders_owners(open_folder):
 @needs_root
 def test_the_workspace_is_read_only_while_it_is_copied_back(open_folder, monkeypatch):
     """A run that times out has its processes killed as its pid namespace ends, after `run` returns: one still alive
-    while the copy back reads the workspace by path could swap a folder for a link to a root-only folder, whose files
-    root would copy into the named folder. The workspace is made read-only first: that swap, tried as the copy back
-    starts, fails (EROFS) and nothing of the root-only folder comes back. The control: the same swap with the
-    workspace left writable brings its file into the named folder."""
+    while the copy back reads the workspace could change a link between the check that lets it come back and its
+    copy. The workspace is made read-only first: that change, tried as the link is copied, fails (EROFS) and the link
+    comes back as it was checked. The control: with the workspace left writable, the same change brings a link to
+    /etc/shadow into the named folder."""
     from apex3.agent import sandbox as sbm
-    def swap_in_copy_back(folder, freeze):
-        "Close a run on `folder` that made `a` and the folder `d`, swapping `d` for a link at the copy's first file."
-        secret = pathlib.Path(tempfile.mkdtemp())   # root's, 0700
-        (secret / 'secret').write_text('root only')
+    def retarget_in_copy_back(folder, freeze):
+        "Close a run on `folder` that made `a` and the link `l` to it, retargeting `l` as it is copied: (what, target)."
         sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(folder))
-        assert sb.run(['sh', '-c', 'echo x > a && mkdir d']).ok
-        swapped, copy2 = [], shutil.copy2
-        def swapping(src, dst, **kw):
-            if not swapped:
+        assert sb.run(['sh', '-c', 'echo x > a && ln -s a l']).ok
+        changed, copy_link = [], sbm._copy_link
+        def retargeting(src, dst, name, owner=None):
+            if not changed:
                 try:
-                    os.rmdir(os.path.join(sb.workdir, 'd'))
-                    os.symlink(secret, os.path.join(sb.workdir, 'd'))
-                    swapped.append('swapped')
-                except OSError as e: swapped.append(errno.errorcode[e.errno])
-            return copy2(src, dst, **kw)
+                    os.unlink(os.path.join(sb.workdir, name))
+                    os.symlink('/etc/shadow', os.path.join(sb.workdir, name))
+                    changed.append('changed')
+                except OSError as e: changed.append(errno.errorcode[e.errno])
+            return copy_link(src, dst, name, owner)
         with monkeypatch.context() as m:
-            m.setattr(shutil, 'copy2', swapping)
+            m.setattr(sbm, '_copy_link', retargeting)
             if not freeze: m.setattr(sbm, '_freeze', lambda folder: None)
             sb.close()
-        shutil.rmtree(secret)
-        return swapped, sorted(_listing(folder))
+        return changed, os.readlink(folder / 'l')
     control = pathlib.Path(tempfile.mkdtemp())
     try:
-        assert swap_in_copy_back(open_folder, True) == (['EROFS'], ['a', 'd'])
-        assert swap_in_copy_back(control, False) == (['swapped'], ['a', 'd', 'd/secret'])   # the control
+        assert retarget_in_copy_back(open_folder, True) == (['EROFS'], 'a')
+        assert retarget_in_copy_back(control, False) == (['changed'], '/etc/shadow')   # the control
+    finally: shutil.rmtree(control)
+
+# --- the named folder's owner renames its entries while root copies in and back ----------------------------------
+
+OWNER, SECRET = (4242, 4343), b'root only: never for uid 4242'
+
+def _as_owner(act):
+    "Run `act()` in a child process as the named folder's owner (uid 4242, gid 4343, no other group): whether it did."
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(OWNER[1])
+            os.setuid(OWNER[0])
+            act()
+            os._exit(0)
+        except BaseException: os._exit(1)
+    return os.waitpid(pid, 0)[1] == 0
+
+def _swap_for_link(folder, name, target):
+    "As the owner: the entry `name` of `folder` renamed `name.moved`, and a link to `target` put in its place."
+    def swap():
+        os.rename(os.path.join(folder, name), os.path.join(folder, name + '.moved'))
+        os.symlink(target, os.path.join(folder, name))
+    assert _as_owner(swap)
+
+@pytest.fixture
+def vault():
+    "A fresh folder only root may enter (0700) holding the file `secret`."
+    d = pathlib.Path(tempfile.mkdtemp())
+    (d / 'secret').write_bytes(SECRET)
+    yield d
+    shutil.rmtree(d)
+
+def _holding(folder, data):
+    "Paths of the regular files under `folder` (no link followed) whose bytes hold `data`."
+    files = [rel for rel in _listing(folder) if stat.S_ISREG(os.lstat(os.path.join(folder, rel)).st_mode)]
+    return sorted(rel for rel in files if data in pathlib.Path(folder, rel).read_bytes())
+
+@needs_root
+def test_the_owner_cannot_turn_the_copy_back_into_a_root_only_folder(open_folder, vault, monkeypatch):
+    """The named folder's owner, in a process of its own, swaps each hidden folder the copy back made in the named
+    folder (the staging folder, and the one what the folder held moves aside to) for a link to a root-only folder as
+    the first file is copied: nothing lands in the root-only folder, and the run's files come back, the owner's. The
+    control: a copy by path into a staging folder after the same swap writes into the root-only folder."""
+    from apex3.agent import sandbox as sbm
+    folder = open_folder
+    os.chown(folder, *OWNER)
+    ws = Workspace(str(folder), disk_mb=4)
+    os.mkdir(os.path.join(ws.path, 'd'))
+    for rel in ('f', 'd/g'): pathlib.Path(ws.path, rel).write_text('the run')
+    staged, copy_file = [], sbm._copy_file
+    def swapping(src, dst, name, owner=None):
+        if not staged:
+            staged.extend(n for n in os.listdir(folder) if n.startswith(sbm.STAGING))
+            for n in staged: _swap_for_link(folder, n, vault)
+        return copy_file(src, dst, name, owner)
+    monkeypatch.setattr(sbm, '_copy_file', swapping)
+    ws.close()
+    assert len(staged) == 2 and os.listdir(vault) == ['secret']
+    assert {n: os.lstat(folder / n).st_uid for n in ['f', 'd', 'd/g']} == dict.fromkeys(['f', 'd', 'd/g'], OWNER[0])
+    assert (folder / 'd' / 'g').read_text() == 'the run'
+    stage = tempfile.mkdtemp(prefix=sbm.STAGING, dir=folder)   # the control: the same swap, then a copy by path
+    _swap_for_link(folder, os.path.basename(stage), vault)
+    shutil.copytree(folder / 'd', stage, dirs_exist_ok=True)
+    assert 'g' in os.listdir(vault)
+
+@needs_root
+def test_the_owner_cannot_turn_the_copy_in_to_a_root_only_folder(open_folder, vault, monkeypatch):
+    """The named folder's owner, in a process of its own, swaps its folder `d` for a link to a root-only folder holding
+    a secret after the copy in has listed `d` and before it goes in: no copy of the secret's bytes is in the workspace
+    (read from the host) or comes back, and the root-only folder is as it was. The control: the same swap between a
+    listing and a copy by path copies the secret."""
+    from apex3.agent import sandbox as sbm
+    def lent(folder):
+        (folder / 'd').mkdir()
+        (folder / 'd' / 'f').write_text('mine')
+        for p in (folder, folder / 'd', folder / 'd' / 'f'): os.chown(p, *OWNER)
+    folder, control = open_folder, pathlib.Path(tempfile.mkdtemp())
+    try:
+        lent(folder)
+        swapped, open_folder_at = [], sbm._open_folder
+        def swapping(name, dfd):
+            if name == 'd' and not swapped:
+                _swap_for_link(folder, 'd', vault)
+                swapped.append(name)
+            return open_folder_at(name, dfd)
+        with monkeypatch.context() as m:
+            m.setattr(sbm, '_open_folder', swapping)
+            ws = Workspace(str(folder), disk_mb=4)
+        try: assert swapped == ['d'] and _holding(ws.path, SECRET) == [] and _holding(ws.path, b'mine') == []
+        finally: ws.close()
+        assert _holding(folder, SECRET) == [] and os.listdir(vault) == ['secret']
+        lent(control)   # the control: the walk lists d as a folder, the swap, then d copied by its path
+        listed = [e for e in os.scandir(control) if e.is_dir(follow_symlinks=False)]
+        _swap_for_link(control, 'd', vault)
+        copied = pathlib.Path(tempfile.mkdtemp())
+        for e in listed: shutil.copytree(e.path, copied / e.name)
+        try: assert _holding(copied, SECRET) == ['d/secret']
+        finally: shutil.rmtree(copied)
     finally: shutil.rmtree(control)

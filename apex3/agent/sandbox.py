@@ -285,109 +285,182 @@ class _LinkRule:
             _log.warning('sandbox workdir %s: %d link(s) the run left resolve outside it or loop%s, and %s '
                          '(the first: %s)', self.top, len(self.dropped), unwalked, what, self.dropped[0])
 
-def _copy_tree(src, dst, owner=None, keep_link=lambda rel: True):
+def _copy_file(src, dst, name, owner=None):
+    """Copy the regular file `name` of the open folder `src` to a new file of that name in the open folder `dst`: its
+    bytes, mode (less setuid, setgid and sticky bits: inside the sandbox they grant nothing, an unprivileged user on a
+    nosuid tmpfs may set them, but a copy root writes on the host would run as root), times and `owner` (uid, gid).
+    Neither is opened through a link, and the new file only if nothing has its name; a file swapped meanwhile for
+    anything but a regular file is not copied."""
+    fin = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src)   # a fifo swapped in: no wait
+    try:
+        st = os.fstat(fin)
+        if not stat.S_ISREG(st.st_mode): return
+        fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst)
+        try:
+            at = 0
+            while sent := os.sendfile(fout, fin, at, 1 << 24): at += sent
+            if owner is not None: os.fchown(fout, *owner)
+            os.fchmod(fout, stat.S_IMODE(st.st_mode) & 0o777)
+            os.utime(fout, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally: os.close(fout)
+    finally: os.close(fin)
+
+def _copy_link(src, dst, name, owner=None):
+    "Copy the link `name` of the open folder `src` into the open folder `dst`, as a link, owned by `owner`."
+    os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
+    if owner is not None: os.chown(name, *owner, dir_fd=dst, follow_symlinks=False)
+
+class _Into:
+    """`_below`'s twin in `_copy_at`: the folder being written, kept in step with the folder being read. Each folder
+    the walk enters is made and entered here, in a `_Walk` of its own (so as bounded), and takes its source's mode and
+    times as the walk leaves it, once it is full (a 0o500 folder fills)."""
+    def __init__(self, top, owner, levels):
+        self.walk, self.owner, self.sources = _Walk(top, levels), owner, []
+
+    @property
+    def fd(self):
+        "The descriptor of the folder being written; an error where it was lost (moved meanwhile: never `dir_fd=None`)."
+        fd = self.walk.stack[-1].fd
+        if fd is None: raise OSError(errno.ESTALE, 'the folder being copied into was moved')
+        return fd
+
+    def enter(self, name, source):
+        os.mkdir(name, 0o700, dir_fd=self.fd)
+        depth = len(self.walk.stack)
+        self.walk.enter(name)
+        if len(self.walk.stack) == depth: raise OSError(errno.ESTALE, 'a folder the copy made was moved', name)
+        if self.owner is not None: os.fchown(self.fd, *self.owner)
+        self.sources.append(os.fstat(source))
+
+    def leave(self, up, name):
+        st = self.sources.pop()
+        os.fchmod(self.fd, stat.S_IMODE(st.st_mode) & 0o777)
+        os.utime(self.fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        self.walk.leave()
+
+def _copy_at(src, dst, owner=None, keep_link=lambda rel: True, levels=None):
     """Copy folders, regular files and symlinks (as links, never followed; only those `keep_link(path under src)`
-    takes) from `src` into the folder `dst`, chowned to `owner` (uid, gid); stop at the first error, an `OSError`
-    naming its file (`shutil.copytree` tries every other file first and reports them all as text). A hard link becomes
-    a file."""
-    todo, folders = [(src, dst)], []
-    while todo:   # a loop, not recursion: a tree as deep as the sandbox likes cannot overflow the stack
-        s, d = todo.pop()
-        for e in os.scandir(s):
-            target = os.path.join(d, e.name)
-            if e.is_symlink():
-                if not keep_link(os.path.relpath(e.path, src)): continue
-                os.symlink(os.readlink(e.path), target)
-            elif e.is_dir(follow_symlinks=False):
-                os.mkdir(target, 0o700)
-                todo.append((e.path, target))
-                folders.append((e.path, target))
-            elif e.is_file(follow_symlinks=False):
-                shutil.copy2(e.path, target, follow_symlinks=False)
-                _plain_mode(target)
-            else: continue   # a fifo, socket or device
-            if owner is not None: os.lchown(target, *owner)
-    for s, d in reversed(folders):   # modes last: a 0o500 folder fills
-        shutil.copystat(s, d, follow_symlinks=False)
-        _plain_mode(d)
+    takes) from the open folder `src` into the open folder `dst`, chowned to `owner` (uid, gid). Both trees are walked
+    by descriptor (`_below`, and `_Into` in step with it): every entry is opened or made relative to its folder's
+    descriptor without following a link, so a folder of either tree swapped meanwhile for a link leads nowhere. Stops
+    at the first error: an `OSError` naming the entry by its path under `src`. A hard link becomes a file. Each side
+    holds half of `levels` (`OPEN_LEVELS`) folders open, so the copy holds no more than one walk."""
+    half, rel = max(1, (levels or OPEN_LEVELS) // 2), None
+    into = _Into(dst, owner, half)
+    try:
+        for dfd, name, rel, st in _below(src, half, twin=into):
+            if stat.S_ISLNK(st.st_mode):
+                if keep_link(rel): _copy_link(dfd, into.fd, name, owner)
+            elif stat.S_ISREG(st.st_mode): _copy_file(dfd, into.fd, name, owner)
+    except OSError as e: raise OSError(e.errno, e.strerror, _TOO_DEEP if rel is None else rel) from None
+    finally: into.walk.close()
+
+class _Emptied:
+    "`_below`'s twin in `_empty`: a folder the walk has left holds nothing it could remove, and goes."
+    def enter(self, name, source): pass
+    def leave(self, up, name):
+        if up is not None:
+            with contextlib.suppress(OSError): os.rmdir(name, dir_fd=up)
+
+def _empty(top):
+    """Remove what the open folder `top` holds, by descriptor (`_below`, no recursion: Python 3.11's overflows on a
+    tree the sandbox made 1,000 deep): links are removed, never followed, and what cannot be removed stays."""
+    for dfd, name, _, st in _below(top, twin=_Emptied()):
+        if not stat.S_ISDIR(st.st_mode):
+            with contextlib.suppress(OSError): os.unlink(name, dir_fd=dfd)
 
 def remove_tree(path):
-    """`shutil.rmtree(path, ignore_errors=True)` without recursion (Python 3.11's overflows on a tree the sandbox made
-    1,000 deep): links are removed, never followed, and what cannot be removed stays."""
-    todo, seen = [path], set()
-    while todo:
-        top = todo.pop()
-        if top in seen:   # its folders are gone: now itself
-            with contextlib.suppress(OSError): os.rmdir(top)
-            continue
-        seen.add(top)
-        todo.append(top)
-        try: entries = list(os.scandir(top))
-        except OSError: continue
-        for e in entries:
-            if e.is_dir(follow_symlinks=False): todo.append(e.path)
-            else:
-                with contextlib.suppress(OSError): os.unlink(e.path)
+    "`shutil.rmtree(path, ignore_errors=True)` by descriptor (`_empty`): no link is followed, what cannot go stays."
+    try: top = os.open(path, _DIR_NOFOLLOW)
+    except OSError: return
+    try: _empty(top)
+    finally: os.close(top)
+    with contextlib.suppress(OSError): os.rmdir(path)
 
 def signal_status(rc: int) -> int:
     """A sandbox's exit status as `subprocess` gives it: bwrap and Docker report a command killed by signal N as
     128 + N, which becomes -N; a status above 128 + the largest signal number is the command's own `exit`."""
     return 128 - rc if 128 < rc < 128 + signal.NSIG else rc
 
-def _plain_mode(path):
-    """Drop the setuid, setgid and sticky bits of `path`: inside the sandbox they grant nothing (an unprivileged user
-    on a nosuid tmpfs may set them on its own files), but a copy written by root on the host would run as root."""
-    os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & 0o777)
+def _private_folder(top):
+    """(name, descriptor) of a new hidden folder (`STAGING`) in the open folder `top`, taken only if what was opened is
+    what was made: root's, 0o700 and empty. The owner of `top` may rename its entries at any time, but can neither
+    enter this folder nor change what it holds."""
+    name = STAGING + secrets.token_hex(8)
+    os.mkdir(name, 0o700, dir_fd=top)
+    fd = os.open(name, _DIR_NOFOLLOW, dir_fd=top)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o777 != 0o700 or os.listdir(fd):
+        os.close(fd)
+        raise OSError(errno.EEXIST, 'the folder the copy back made was swapped for another', name)
+    return name, fd
 
-def _swap_in(stage, old, dst):
-    """Move what `dst` holds into `old` and the entries of `stage` into `dst`: renames on one file system, undone in
-    reverse on a failure. A fifo, socket or device of `dst` stays unless the sandbox made an entry of its name."""
-    new, ours = os.listdir(stage), {os.path.basename(stage), os.path.basename(old)}
-    out = [n for n in os.listdir(dst) if n not in ours and (n in new or _plain(os.path.join(dst, n)))]
+def _drop(top, name, fd):
+    "Close the private folder `fd` and remove it from `top` if empty and still under `name` (device and inode)."
+    try:
+        if _ident(fd) == _ident_at(top, name): os.rmdir(name, dir_fd=top)
+    except OSError: pass   # gone, moved, or not empty (an undo failed: what it holds stays)
+    finally: os.close(fd)
+
+def _ident_at(dfd, name):
+    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    return st.st_dev, st.st_ino
+
+def _swap_in(top, stage, old, where):
+    """Move what the open folder `top` holds into the private folder `old` and the entries of the private folder
+    `stage` into `top` (both `(name, descriptor)`): renames on one file system, each relative to the folders'
+    descriptors, undone in reverse on a failure. A fifo, socket or device of `top` stays unless the sandbox made an
+    entry of its name (`where`, the folder's path, names it in the warning)."""
+    new, ours = os.listdir(stage[1]), {_ident(stage[1]), _ident(old[1])}   # by identity: renamed, they are still ours
+    modes = {n: os.stat(n, dir_fd=top, follow_symlinks=False) for n in os.listdir(top)}
+    out = [n for n, st in modes.items()
+           if (st.st_dev, st.st_ino) not in ours and (n in new or not _odd_mode(st.st_mode))]
     done = []
     try:
         for n in out:
-            if not _plain(os.path.join(dst, n)):
+            if _odd_mode(modes[n].st_mode):
                 _log.warning('sandbox workdir: %s is not a file or a folder; the sandbox made its own %s, which '
-                             'replaces it', os.path.join(dst, n), n)
-            os.rename(os.path.join(dst, n), os.path.join(old, n))
-            done.append((os.path.join(old, n), os.path.join(dst, n)))
-        for n in new:
-            os.rename(os.path.join(stage, n), os.path.join(dst, n))
-            done.append((os.path.join(dst, n), os.path.join(stage, n)))
+                             'replaces it', os.path.join(where, n), n)
+            _move(n, top, old[1], done)
+        for n in new: _move(n, stage[1], top, done)
     except OSError:
-        for moved, back in reversed(done): os.rename(moved, back)
+        for n, frm, to in reversed(done): os.rename(n, n, src_dir_fd=to, dst_dir_fd=frm)
         raise
 
-def _copy_back(src, dst, own=None):
-    """Put the tree `src` in place of what the folder `dst` holds, all or nothing: a failure is a `UsageError` of one
-    line that names the path and the cause, with `dst` as it was. Links that lead out of `dst` stay behind (`_LinkRule`,
-    `own`: the links `dst` held before), said in one warning line. What comes back is the owner's of `dst` (uid and
-    gid): root copies it, and a user who lent the folder could otherwise neither change those files nor empty those
-    folders."""
+def _move(name, frm, to, done):
+    os.rename(name, name, src_dir_fd=frm, dst_dir_fd=to)
+    done.append((name, frm, to))
+
+def _copy_back(src, top, dst, own=None):
+    """Put the tree `src` in place of what the named folder `dst` holds, all or nothing: a failure is a `UsageError` of
+    one line that names the path and the cause, with `dst` as it was. `top` is `dst` opened when the workspace was
+    made: every step is relative to it or to folders made in it, never by path (its owner may swap any entry of it
+    for a link meanwhile). Links that lead out of `dst` stay behind (`_LinkRule`, `own`: the links `dst` held
+    before), said in one warning line. What comes back is the owner's of `dst` (uid and gid): root copies it, and a
+    user who lent the folder could otherwise neither change those files nor empty those folders."""
     stage = old = None
     rule = _LinkRule(src, dst, own or {})
     try:
-        stage = tempfile.mkdtemp(prefix=STAGING, dir=dst)
-        old = tempfile.mkdtemp(prefix=STAGING, dir=dst)
-        # the only step that writes data: a full disk stops it here
-        _copy_tree(src, stage, _owner(dst), keep_link=rule.allows)
-        _swap_in(stage, old, dst)
-        remove_tree(old)   # what the run replaced
+        stage = _private_folder(top)
+        old = _private_folder(top)
+        tree = os.open(src, _DIR_NOFOLLOW)
+        try: _copy_at(tree, stage[1], _owner(top), keep_link=rule.allows)   # the only step that writes data
+        finally: os.close(tree)
+        _swap_in(top, stage, old, dst)
+        _empty(old[1])   # what the run replaced
         rule.warn('were not copied back')
     except OSError as e:
         raise UsageError(f'sandbox workdir {dst} is left as it was before the run: copying the workspace back '
-                         f'failed: {os_error_line(_where_it_goes(e, stage, dst))}') from None
+                         f'failed: {os_error_line(_under(e, dst))}') from None
     finally:
-        if stage: remove_tree(stage)
-        if old:
-            with contextlib.suppress(OSError): os.rmdir(old)   # empty, unless an undo failed: then it stays
+        if stage: _empty(stage[1])
+        for made in (stage, old):
+            if made: _drop(top, *made)
 
-def _where_it_goes(e, stage, dst):
-    "`e` naming the staged file it stopped at where that file would have gone in `dst` (not the workspace's copy)."
-    for f in (e.filename2, e.filename):
-        if stage and isinstance(f, str) and f.startswith(stage + os.sep):
-            return OSError(e.errno, e.strerror, os.path.join(dst, os.path.relpath(f, stage)))
+def _under(e, folder):
+    "`e` naming its entry by its path in `folder` where it names it by its path under it (an error of `_copy_at`)."
+    if isinstance(e.filename, str) and not os.path.isabs(e.filename):
+        return OSError(e.errno, e.strerror, os.path.join(folder, e.filename))
     return e
 
 def _mount_tmpfs(folder, size_mb):
@@ -423,6 +496,7 @@ class Workspace:
         self.origin, self.disk_mb, self.closed = workdir and os.path.abspath(workdir), disk_mb, False
         self.copied_in = False  # only then does close() copy back: a refused folder is left as it was
         self.owner = None       # (uid, gid) of a named folder lent to the sandbox's uid for the run, given back
+        self.top = None         # the named folder, opened once for the copy in and the copy back (`_copy_at`)
         self.own = self._own_entries() if workdir is not None else ({}, set())   # what the run may leave as it is
         self.quota = quota and self._can_mount()
         self.path = self.origin if self.origin and not self.quota else tempfile.mkdtemp(prefix='apex3-ws-')
@@ -462,7 +536,11 @@ class Workspace:
         if mb > self.disk_mb:
             raise UsageError(f'sandbox workdir {self.origin} holds {mb:.0f} MiB, more than the workspace quota '
                              f'of {self.disk_mb} MiB (--disk)')
-        _copy_tree(self.origin, self.path, (SANDBOX_UID, SANDBOX_UID))
+        self.top = os.open(self.origin, _DIR_NOFOLLOW)
+        into = os.open(self.path, _DIR_NOFOLLOW)
+        try: _copy_at(self.top, into, (SANDBOX_UID, SANDBOX_UID))
+        except OSError as e: raise _under(e, self.origin) from None
+        finally: os.close(into)
         self.copied_in = True
 
     def close(self):
@@ -474,12 +552,13 @@ class Workspace:
                 if why := _freeze(self.path):
                     raise UsageError(f'sandbox workdir {self.origin} is left as it was before the run: its workspace '
                                      f'could not be made read-only to copy it back: {why}')
-                _copy_back(self.path, self.origin, self.own[0])
+                _copy_back(self.path, self.top, self.origin, self.own[0])
             elif self.origin and not self.quota: _tidy_in_place(self.origin, *self.own)
         finally:
             if self.owner: _give_back(self.origin, *self.owner)
             if self.quota: _unmount(self.path)
             if self.path != self.origin: remove_tree(self.path)
+            if self.top is not None: os.close(self.top)
 
 def _special_bits(st) -> bool:
     """Whether a file or folder (its lstat `st`) is setuid, setgid or sticky: written in place by the sandbox's uid
@@ -488,7 +567,7 @@ def _special_bits(st) -> bool:
     return (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) and bool(st.st_mode & 0o7000)
 
 def _plain_mode_at(dfd, name):
-    "`_plain_mode` of the entry `name` of the open folder `dfd`, opened without following a link."
+    "Drop the setuid, setgid and sticky bits of the entry `name` of the open folder `dfd`, opened without a link."
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
     try: os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) & 0o777)
     finally: os.close(fd)
@@ -496,7 +575,7 @@ def _plain_mode_at(dfd, name):
 def _tidy_in_place(folder, own_links, own_odd):
     """What the copy back leaves behind, removed from a named folder the sandbox wrote in directly (no quota): links
     that lead out of it (`_LinkRule`) and fifos, sockets and devices it did not hold before; one warning line each.
-    Setuid, setgid and sticky bits are dropped, as the copy back drops them (`_plain_mode`). Walked by descriptor
+    Setuid, setgid and sticky bits are dropped, as the copy back drops them (`_copy_file`). Walked by descriptor
     (`_below`), as `_give_back` is: root removes and changes only what is in the folder."""
     rule, odd = _LinkRule(folder, folder, own_links), []
     try: top = os.open(folder, _DIR_NOFOLLOW)
@@ -515,6 +594,7 @@ def _tidy_in_place(folder, own_links, own_odd):
                          'first: %r)', folder, len(odd), odd[0])
 
 def _owner(path):
+    "(uid, gid) of the folder `path` (or open folder)."
     st = os.stat(path)
     return st.st_uid, st.st_gid
 
@@ -560,18 +640,19 @@ class _Walk:
         self.stack = [_Level(top, '', '')]
 
     def enter(self, name):
-        "Go down into the folder `name` of the deepest level, if it is still a folder."
+        "Go down into the folder `name` of the deepest level, if it is still a folder: whether it did."
         here = self.stack[-1]
         fd = _open_folder(name, here.fd)
-        if fd is None: return
+        if fd is None: return False
         try: level = _Level(fd, name, _joined(here.at, f'{name}/'))
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.EMFILE, errno.ENFILE): raise
-            return   # as os.walk: a folder it cannot list holds nothing
+            return False   # as os.walk: a folder it cannot list holds nothing
         self.stack.append(level)
         self.held.append(level)
         if len(self.held) > self.levels: self._release(self.held[0])
+        return True
 
     def leave(self):
         "Go back up from the deepest level; the one above, if closed, is reopened."
@@ -610,24 +691,27 @@ class _Walk:
     def close(self):
         while self.held: self._release(self.held[0])
 
-def _below(top, levels=None):
+def _below(top, levels=None, twin=None):
     """(folder descriptor, name, path relative to `top`, lstat) of every entry under the open folder `top`, walked by
     descriptor: no link is followed, so a folder swapped for a link meanwhile is not entered, where a path would be
     resolved through it. A folder's descriptor is open while its entries are yielded, but at most `levels`
     (`OPEN_LEVELS`) at once (`_Walk`): a run can nest folders deeper than a process may hold files open. The path is
-    None past `PATH_MAX`: a million levels of paths would take terabytes to hold, and none could be used."""
+    None past `PATH_MAX`: a million levels of paths would take terabytes to hold, and none could be used. A `twin` goes
+    down and up with the walk: `twin.enter(name, descriptor)` after it enters a folder, `twin.leave(descriptor above,
+    name)` after it leaves one (`_copy_at` keeps the tree it writes in step, `_empty` removes the folders it leaves)."""
     walk = _Walk(top, levels or OPEN_LEVELS)
     try:
         while walk.stack:
             here = walk.stack[-1]
             if not here.left:
                 walk.leave()
+                if twin and walk.stack: twin.leave(walk.stack[-1].fd, here.name)
                 continue
             name = here.left.pop()
             try: st = os.stat(name, dir_fd=here.fd, follow_symlinks=False)
             except OSError: continue   # gone meanwhile
             yield here.fd, name, _joined(here.at, name), st
-            if stat.S_ISDIR(st.st_mode): walk.enter(name)
+            if stat.S_ISDIR(st.st_mode) and walk.enter(name) and twin: twin.enter(name, walk.stack[-1].fd)
     finally: walk.close()
 
 def _give_back(folder, uid, gid):

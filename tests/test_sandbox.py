@@ -624,6 +624,27 @@ def test_what_is_copied_back_is_the_named_folders_owners(open_folder):
 
 @needs_bwrap
 @needs_root
+@pytest.mark.parametrize('quota', [True, False])
+def test_a_workdir_named_through_a_link_is_the_folder_it_names(open_folder, tmp_path, quota):
+    """A workdir given as a link to a folder (a home folder on another disk, say) is that folder: the run's file
+    arrives in it, and it is given back to its owner, with the quota (copied back) and without (written in place).
+    The control: the folder opened by the name given, without following a link, as every step after the first does,
+    is refused."""
+    from apex3.agent.sandbox import _DIR_NOFOLLOW
+    owner, folder, link = (4242, 4343), open_folder, tmp_path / 'link'
+    os.chown(folder, *owner)
+    link.symlink_to(folder)
+    sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(link), without=() if quota else ('disk quota',))
+    assert sb.run(['sh', '-c', 'echo x > f']).ok
+    sb.close()
+    f = pathlib.Path(folder, 'f')
+    assert f.read_text() == 'x\n'
+    assert {(st.st_uid, st.st_gid) for st in (os.lstat(folder), os.lstat(f))} == {owner}
+    with pytest.raises(OSError) as e: os.open(link, _DIR_NOFOLLOW)
+    assert e.value.errno in (errno.ELOOP, errno.ENOTDIR)   # (O_DIRECTORY: ENOTDIR)
+
+@needs_bwrap
+@needs_root
 def test_the_workspace_is_read_only_while_it_is_copied_back(open_folder, monkeypatch):
     """A run that times out has its processes killed as its pid namespace ends, after `run` returns: one still alive
     while the copy back reads the workspace could change a link between the check that lets it come back and its

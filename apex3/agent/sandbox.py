@@ -493,7 +493,8 @@ class Workspace:
     def __init__(self, workdir=None, disk_mb=256, quota=True):
         if workdir is not None and not os.path.isdir(workdir):
             raise UsageError(f'sandbox workdir {workdir} is not a folder')
-        self.origin, self.disk_mb, self.closed = workdir and os.path.abspath(workdir), disk_mb, False
+        # resolved once: every later step opens it without following a link (a workdir named through one is fine)
+        self.origin, self.disk_mb, self.closed = workdir and os.path.realpath(workdir), disk_mb, False
         self.copied_in = False  # only then does close() copy back: a refused folder is left as it was
         self.owner = None       # (uid, gid) of a named folder lent to the sandbox's uid for the run, given back
         self.top = None         # the named folder, opened once for the copy in and the copy back (`_copy_at`)

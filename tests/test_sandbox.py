@@ -239,10 +239,15 @@ BIG = 'head -c 300000 /dev/zero > a; head -c 900000 /dev/zero > b; ln -s a link;
 
 @needs_bwrap
 @needs_root
-def test_a_full_disk_during_copy_back_leaves_the_folder_as_it_was():
-    "1.2 MB back into a 1 MiB folder: one line naming the file and ENOSPC, status 2, the folder as before the run."
+def test_a_full_disk_during_copy_back_leaves_the_folder_as_it_was(monkeypatch):
+    """1.2 MB back into a 1 MiB folder: one line naming the file and ENOSPC, status 2, the folder as before the run, and
+    no workspace left behind (made in a temporary folder of this test's own, which the sandbox's uid can pass through:
+    other tests make theirs meanwhile)."""
+    private = tempfile.mkdtemp(prefix='apex3-test-tmp-')
+    os.chmod(private, 0o755)
+    monkeypatch.setattr(tempfile, 'tempdir', private)
     with _small_disk(1024, keep='mine') as full:
-        before = set(os.listdir('/tmp'))
+        before = set(os.listdir(private))
         rc, out, err = _cli('--workdir', full, '--disk', '8', '--', 'sh', '-c', BIG + '; echo done')
         assert (rc, out) == (2, 'done\n')   # the command's output is shown before the copy back
         status, line = err.strip().splitlines()
@@ -251,10 +256,11 @@ def test_a_full_disk_during_copy_back_leaves_the_folder_as_it_was():
         assert line == (f'apex3 agent sandbox: error: sandbox workdir {full} is left as it was before the run: '
                         f'copying the workspace back failed: {full}/{stopped_at}: No space left on device (ENOSPC)')
         assert _listing(full) == {'keep.txt'} and open(os.path.join(full, 'keep.txt')).read() == 'mine'
-        left = [n for n in set(os.listdir('/tmp')) - before if n.startswith('apex3-ws-')]
+        left = [n for n in set(os.listdir(private)) - before if n.startswith('apex3-ws-')]
         assert left == [] and not any('apex3-workspace' in l and full in l for l in open('/proc/self/mounts'))
         assert isinstance(_control(full, _fill), shutil.Error)   # the control: the old order loses keep.txt
         assert 'keep.txt' not in _listing(full)
+    os.rmdir(private)   # empty: nothing of the run or of the test's disk stayed
 
 def _fill(path):
     "What BIG does, done from the host."

@@ -428,3 +428,64 @@ def test_the_compile_budget_is_for_all_the_patterns_of_a_schema():
     tool = Tool.from_spec(dict(name='one', call=lambda args: 'ran', parameters=one))
     assert tool.call({'p0': 'a' * 20000 + '0'}) == 'ran'   # the control
     assert tool.call({'p0': 'a0'}).startswith("error: invalid arguments for one: p0: 'a0' does not match")
+
+ZIP_CODES = r'''
+import json, sys
+from apex3.agent.tools import Tool
+def zip_tool(name):
+    return Tool.from_spec(dict(name=name, call=lambda args: 'ran', parameters={
+        'type': 'object', 'properties': {'z': {'type': 'string', 'pattern': r'^\d{5}$'}}}))
+made = zip_tool('zip')
+calls = [made.call({'z': '12345'}), made.call({'z': '1234'})]
+sys.path.remove(sys.argv[1])   # regex stays imported here; a child given this path cannot import it
+calls += [zip_tool('zip2').call({'z': '12345'}), zip_tool('zip3').call({'z': '12345'})]
+print(json.dumps(calls))
+'''
+
+def _venv_without_regex(tmp_path):
+    """(a venv's python without `regex`, an environment whose PYTHONPATH is this repository and the folder this
+    process's `regex` comes from), the setting where `python -I` cannot see what the parent imports."""
+    import regex, sysconfig
+    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(tmp_path / 'venv')], check=True)
+    site = str(Path(regex.__file__).parents[1])
+    folders = dict.fromkeys([str(Path(__file__).parents[1]), site, sysconfig.get_paths()['purelib']])
+    return str(tmp_path / 'venv' / 'bin' / 'python'), {**os.environ, 'PYTHONPATH': os.pathsep.join(folders)}, site
+
+def test_the_compile_child_imports_the_regex_this_process_imports(tmp_path):
+    """A venv without `regex`, run with PYTHONPATH at the site-packages that has it: a tool with the pattern `^\\d{5}$`
+    is built, its calls checked (`1234` refused) and made (`12345` runs). Once this process's `sys.path` no longer
+    reaches `regex`, the tools built then are refused in one line that names the missing module, not the pattern, and
+    the cause is logged once for both. The control: the child's command as it was, `python -I` importing `regex` with
+    no path given, fails in this setting, while the venv's python alone imports it."""
+    python, env, site = _venv_without_regex(tmp_path)
+    p = subprocess.run([python, '-c', ZIP_CODES, site], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    not_started = ("the schema of {} cannot be checked: the process that compiles the patterns could not start "
+                   "(ModuleNotFoundError: No module named 'regex'); the call was not made")
+    assert json.loads(p.stdout) == ['ran', r"error: invalid arguments for zip: z: '1234' does not match '^\\d{5}$'",
+                                    'error: ' + not_started.format('zip2'), 'error: ' + not_started.format('zip3')]
+    assert p.stderr.count("No module named 'regex'") == 1, p.stderr   # said once, for both tools
+    unfixed = subprocess.run([python, '-I', '-c', 'import json, resource, sys, regex'], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert unfixed.stderr.strip().endswith("ModuleNotFoundError: No module named 'regex'"), unfixed.stderr   # control
+    assert subprocess.run([python, '-c', 'import regex'], env=env, timeout=60).returncode == 0
+
+@pytest.mark.parametrize('child, why', [
+    ('missing', r"could not start \(\[Errno 2\] No such file or directory: '.*/python'\)"),
+    ('#!/bin/sh\nexec sleep 30\n', r'did not start within 0\.5 s')], ids=['missing', 'hangs'])
+def test_a_compile_child_that_does_not_start_is_named_not_the_pattern(tmp_path, monkeypatch, caplog, child, why):
+    """An interpreter that is not there, or one that never gets as far as compiling: the tool's calls are refused in
+    one line naming that cause, within the tool's timeout (plus slack), and it is logged once for two tools. The
+    control: with this interpreter the same tool is checked and made."""
+    exe = tmp_path / 'python'
+    if child != 'missing': exe.write_text(child); exe.chmod(0o755)
+    tool = lambda: _pattern_tool('zip', r'^\d{5}$', timeout=0.5)
+    assert tool().call({'s': '12345'}) == 'zip ran'   # the control
+    monkeypatch.setattr(sys, 'executable', str(exe))
+    t0 = time.monotonic()
+    refusals = [tool().call({'s': '12345'}) for _ in range(2)]
+    assert time.monotonic() - t0 < 2 * 0.5 + 1.5, refusals
+    for refused in refusals:
+        assert re.fullmatch(f'error: the schema of zip cannot be checked: the process that compiles the patterns {why}; '
+                            'the call was not made', refused), refused
+    assert len([r for r in caplog.records if r.levelname == 'WARNING']) == 1, caplog.records

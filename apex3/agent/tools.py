@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['PATTERN_S', 'INLINE_S', 'CHECK_S', 'COMPILE_S', 'COMPILE_MB', 'INLINE_CHARS', 'type_schema', 'function_schema',
-           'Unit', 'schema_examples', 'SlowPattern', 'CostlyPattern', 'SlowCheck', 'long_int_why', 'Tool',
+           'Unit', 'schema_examples', 'SlowPattern', 'CostlyPattern', 'NoCompiler', 'SlowCheck', 'long_int_why', 'Tool',
            'minimal_env', 'SubprocessRunner', 'get_runner', 'runner_python', 'python_tool']
 
 # %% ../../nbs/61_tools.ipynb #721dedcc
@@ -170,6 +170,9 @@ class SlowPattern(Exception):
 
 class CostlyPattern(Exception):
     "A schema's regular expression that `regex` did not compile within `COMPILE_S` and `COMPILE_MB`."
+
+class NoCompiler(Exception):
+    "The child process that compiles a schema's patterns (`_vet`) did not start, or could not import `regex`."
 
 class SlowCheck(Exception):
     "An argument check that did not finish within its budget (`$ref`s whose `anyOf`s branch 2**40 ways, ...)."
@@ -346,7 +349,10 @@ def _parameter(path):
     return f"the schema's {'/'.join(map(str, path))}"
 
 _TRY_COMPILE = '''
-import json, resource, sys, regex
+import json, resource, sys
+sys.path[:] = json.loads(sys.argv[2])   # the parent's: see `_import_path`
+import regex
+print('ready', flush=True)   # started, `regex` imported: what stops it from here on is a pattern
 room = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize() + int(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_AS, (room, room))   # the address space it has now, and the budget
 kept = []   # every compiled pattern stays, as in the tool: the budget is for all of them
@@ -360,16 +366,38 @@ kept.clear()   # room to say why
 sys.exit('memory')
 '''
 
+def _import_path():
+    """The parent's `sys.path` for the child, whose `-I` ignores `PYTHONPATH` and the user's site: it imports the
+    `regex` this process imports. Only absolute folders: `-I` is there so that the working directory (`''`, a relative
+    entry), which may be a folder a model writes to, never supplies a module; nor do `PYTHON*` variables."""
+    return [p for p in sys.path if os.path.isabs(p)]
+
+_said = set()   # the reasons the child did not start that were logged: once each, however many tools it refuses
+
+def _not_started(why):
+    "`NoCompiler` with `why`, logged the first time: the cause is this machine's, not any pattern's."
+    if why not in _said:
+        _said.add(why)
+        logging.getLogger(__name__).warning(f'{why}: every tool whose patterns are compiled apart is refused')
+    return NoCompiler(why)
+
+def _last_line(child):
+    return child.stderr.decode(errors='replace').strip().split('\n')[-1] or f'exit status {child.returncode}'
+
 def _compiled_apart(patterns, budget):
-    "(how many of `patterns` a child process compiled within `budget` s and `COMPILE_MB`, why it stopped there)."
-    try: child = subprocess.run([sys.executable, '-I', '-c', _TRY_COMPILE, str(COMPILE_MB << 20)],
-                                input=json.dumps(patterns).encode(), capture_output=True, timeout=max(budget, 0))
-    except subprocess.TimeoutExpired as e:
-        return (e.stdout or b'').count(b'\n'), f'did not compile within {budget:.2g} s'
-    except OSError as e: return 0, f'could not be compiled apart ({e})'
-    last = child.stderr.decode(errors='replace').strip().split('\n')[-1]
-    why = f'needs more than {COMPILE_MB} MiB to compile' if last == 'memory' else f'could not be compiled ({last})'
-    return child.stdout.count(b'\n'), why
+    """(how many of `patterns` a child process compiled within `budget` s and `COMPILE_MB`, why it stopped there);
+    `NoCompiler` where the child did not get as far as compiling one."""
+    cmd = [sys.executable, '-I', '-c', _TRY_COMPILE, str(COMPILE_MB << 20), json.dumps(_import_path())]
+    try: child = subprocess.run(cmd, input=json.dumps(patterns).encode(), capture_output=True, timeout=max(budget, 0))
+    except subprocess.TimeoutExpired as e: out, last = e.stdout or b'', None
+    except OSError as e: raise _not_started(f'the process that compiles the patterns could not start ({e})') from None
+    else: out, last = child.stdout, _last_line(child)
+    if not out.startswith(b'ready\n'):   # no pattern to blame: what stopped it comes before them
+        raise _not_started(f'the process that compiles the patterns did not start within {budget:.2g} s' if last is None
+                           else f'the process that compiles the patterns could not start ({last})')
+    why = (f'did not compile within {budget:.2g} s' if last is None else
+           f'needs more than {COMPILE_MB} MiB to compile' if last == 'memory' else f'could not be compiled ({last})')
+    return out.count(b'\n') - 1, why
 
 def _vet(patterns, budget):
     """Compile `patterns` ({pattern: where}) first in a child process, killed after `budget` s, its memory capped at
@@ -424,7 +452,7 @@ class Tool:
         "The validator of the arguments; for a schema whose patterns cost too much to compile, what every call gets."
         self.refusal = ''
         try: self.validator, self.patterns = _validator(self.name, self.parameters, min(COMPILE_S, self.timeout))
-        except CostlyPattern as e:   # said when a call is refused, once: `apex3 agent call` writes one line
+        except (CostlyPattern, NoCompiler) as e:   # said when a call is refused: `apex3 agent call` writes one line
             self.validator, self.patterns = None, {}
             self.refusal = f'the schema of {self.name} cannot be checked: {e}; the call was not made'
     @property

@@ -726,11 +726,11 @@ def test_the_owner_cannot_turn_the_copy_back_into_a_root_only_folder(open_folder
     os.mkdir(os.path.join(ws.path, 'd'))
     for rel in ('f', 'd/g'): pathlib.Path(ws.path, rel).write_text('the run')
     staged, copy_file = [], sbm._copy_file
-    def swapping(src, dst, name, owner=None):
+    def swapping(src, dst, name, *rest):
         if not staged:
             staged.extend(n for n in os.listdir(folder) if n.startswith(sbm.STAGING))
             for n in staged: _swap_for_link(folder, n, vault)
-        return copy_file(src, dst, name, owner)
+        return copy_file(src, dst, name, *rest)
     monkeypatch.setattr(sbm, '_copy_file', swapping)
     ws.close()
     assert len(staged) == 2 and os.listdir(vault) == ['secret']
@@ -775,3 +775,60 @@ def test_the_owner_cannot_turn_the_copy_in_to_a_root_only_folder(open_folder, va
         try: assert _holding(copied, SECRET) == ['d/secret']
         finally: shutil.rmtree(copied)
     finally: shutil.rmtree(control)
+
+# --- what the copy back writes on the host: holes stay holes, hard links are bounded by the quota -----------------
+
+SPARSE = ('truncate -s 30M s1 s2 s3; printf data | dd of=s2 bs=1 seek=1000000 conv=notrunc 2>/dev/null; '
+          'head -c 2097152 /dev/urandom > f')
+LINKED = SPARSE + '; for i in $(seq 10); do ln f f$i; done'
+
+def _blocks_mb(folder):
+    "MiB of blocks the files under `folder` take (as `du`, a hard link counted once)."
+    seen = {(os.lstat(folder).st_ino): os.lstat(folder).st_blocks}
+    for t, ds, fs in os.walk(folder):
+        for n in ds + fs:
+            st = os.lstat(os.path.join(t, n))
+            seen[st.st_ino] = st.st_blocks
+    return sum(seen.values()) * 512 / (1 << 20)
+
+def _sparse_tree(path):
+    "What LINKED does, done from the host in `path`."
+    for n in ('s1', 's2', 's3'): os.truncate(open(os.path.join(path, n), 'wb').name, 30 << 20)
+    with open(os.path.join(path, 's2'), 'r+b') as f: f.seek(1000000), f.write(b'data')
+    pathlib.Path(path, 'f').write_bytes(os.urandom(2 << 20))
+    for i in range(1, 11): os.link(os.path.join(path, 'f'), os.path.join(path, f'f{i}'))
+
+@needs_bwrap
+@needs_root
+def test_sparse_files_come_back_sparse_and_hard_links_stay_within_the_quota(open_folder):
+    """--disk 8: three sparse files of 30 MiB and a 2 MiB file come back sparse, with the same bytes, in no more than
+    8 MiB of blocks; the same run with ten hard links to the 2 MiB file (22 MiB once copied as files) is refused in one
+    line, status 2, the folder as it was. The control: the plain copy (sendfile, a hard link a file) of the same tree
+    takes over 100 MiB of blocks. The sparse files go in again as they came back, in the workspace's 8 MiB."""
+    folder = str(open_folder)
+    pathlib.Path(folder, 'keep.txt').write_text('mine')
+    rc, out, err = _cli('--workdir', folder, '--disk', '8', '--', 'sh', '-c', LINKED)
+    line = err.strip().splitlines()[-1]
+    assert rc == 2 and line == (f'apex3 agent sandbox: error: sandbox workdir {folder} is left as it was before the '
+                                "run: the run's files would take more than the --disk quota of 8 MiB on the host "
+                                '(hard links are copied as files)'), err
+    assert _listing(folder) == {'keep.txt'} and pathlib.Path(folder, 'keep.txt').read_text() == 'mine'
+    rc, out, err = _cli('--workdir', folder, '--disk', '8', '--', 'sh', '-c', SPARSE)
+    assert rc == 0, err
+    assert _listing(folder) == {'keep.txt', 's1', 's2', 's3', 'f'} and _blocks_mb(folder) <= 8
+    expected = bytearray(30 << 20)
+    expected[1000000:1000004] = b'data'
+    for n in ('s1', 's2', 's3'):
+        st = os.lstat(os.path.join(folder, n))
+        assert st.st_size == 30 << 20 and st.st_blocks * 512 < 1 << 20
+    assert pathlib.Path(folder, 's2').read_bytes() == expected
+    assert pathlib.Path(folder, 's1').read_bytes() == bytes(30 << 20)
+    ws, control = Workspace(folder, disk_mb=8), tempfile.mkdtemp()   # the control: the plain copy of the same tree
+    try:
+        for n in ('s1', 's2', 's3', 'f'): os.unlink(os.path.join(ws.path, n))
+        _sparse_tree(ws.path)
+        shutil.copytree(ws.path, control, dirs_exist_ok=True)
+        assert _blocks_mb(control) > 100 and _blocks_mb(ws.path) <= 8
+        with pytest.raises(UsageError, match='would take more than the --disk quota of 8 MiB'): ws.close()
+    finally: shutil.rmtree(control)
+    assert _listing(folder) == {'keep.txt', 's1', 's2', 's3', 'f'}

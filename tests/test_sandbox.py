@@ -755,9 +755,10 @@ def test_the_owner_cannot_turn_the_copy_in_to_a_root_only_folder(open_folder, va
     folder, control = open_folder, pathlib.Path(tempfile.mkdtemp())
     try:
         lent(folder)
-        swapped, open_folder_at = [], sbm._open_folder
-        def swapping(name, dfd):
-            if name == 'd' and not swapped:
+        swapped, opened, open_folder_at = [], [], sbm._open_folder
+        def swapping(name, dfd):   # the second time d is opened: the copy's (the first is the check of its entries)
+            opened.append(name)
+            if opened.count('d') == 2 and not swapped:
                 _swap_for_link(folder, 'd', vault)
                 swapped.append(name)
             return open_folder_at(name, dfd)
@@ -832,3 +833,37 @@ def test_sparse_files_come_back_sparse_and_hard_links_stay_within_the_quota(open
         with pytest.raises(UsageError, match='would take more than the --disk quota of 8 MiB'): ws.close()
     finally: shutil.rmtree(control)
     assert _listing(folder) == {'keep.txt', 's1', 's2', 's3', 'f'}
+
+# --- what the named folder holds is checked before the copy in: its owner's only, no more than the inodes -----------
+
+def _lend_with(folder, shape):
+    """`folder` lent by OWNER, holding the owner's file `mine` and root's 0600 file at `shape` (`secret`, or
+    `vault/secret` in a root 0700 folder)."""
+    os.chown(folder, *OWNER)
+    (folder / 'mine').write_text('mine')
+    os.chown(folder / 'mine', *OWNER)
+    if '/' in shape: os.mkdir(folder / 'vault', 0o700)
+    (folder / shape).write_bytes(SECRET)
+    os.chmod(folder / shape, 0o600)
+
+@needs_bwrap
+@needs_root
+@pytest.mark.parametrize('shape', ['secret', 'vault/secret'])
+def test_a_named_folder_holding_what_its_owner_does_not_own_is_refused(open_folder, monkeypatch, shape):
+    """A folder lent by uid 4242 that holds root's 0600 file (or root's 0700 folder) is refused before the copy in:
+    status 2, one line naming the first such entry and its owner, the sandbox never started, the file root's and the
+    folder as it was. The control: without the check the sandbox reads the secret, and after the copy back the owner
+    owns it."""
+    from apex3.agent import sandbox as sbm
+    folder, first = open_folder, shape.split('/')[0]
+    _lend_with(folder, shape)
+    rc, out, err = _cli('--workdir', str(folder), '--disk', '8', '--', 'cat', shape)
+    assert (rc, out, err.count('\n')) == (2, '', 1) and err == (
+        f"apex3 agent sandbox: error: sandbox workdir {folder} holds '{first}', owned by uid 0, not by the folder's "
+        f"owner (uid {OWNER[0]}): the sandbox would read it and the copy back would hand it to the folder's owner\n")
+    assert _listing(folder) == {'mine', first, shape} and os.lstat(folder / shape).st_uid == 0
+    monkeypatch.setattr(sbm, '_census', lambda top: (0, None))   # the control: the copy without the check
+    sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(folder))
+    assert sb.run(['cat', shape]).stdout == SECRET.decode()
+    sb.close()
+    assert os.lstat(folder / shape).st_uid == OWNER[0]

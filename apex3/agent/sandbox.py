@@ -501,10 +501,23 @@ def _under(e, folder):
         return OSError(e.errno, e.strerror, os.path.join(folder, e.filename))
     return e
 
+def _inodes(size_mb):
+    "The inodes of a workspace of `size_mb`: 64 per MiB, at least 1024 (its top folder takes one)."
+    return max(1024, size_mb * 64)
+
+def _census(top):
+    """(folders, files and links under the open folder `top`: what a copy makes, the first (path, uid) of an entry
+    not owned by the owner of `top`, or None), walked by descriptor (`_below`)."""
+    count, owner, stranger = 0, os.fstat(top).st_uid, None
+    for _, _, rel, st in _below(top):
+        count += not _odd_mode(st.st_mode)
+        if stranger is None and st.st_uid != owner: stranger = (_TOO_DEEP if rel is None else rel, st.st_uid)
+    return count, stranger
+
 def _mount_tmpfs(folder, size_mb):
     "Mount a tmpfs of `size_mb` (and a matching inode count) owned by the sandbox uid on `folder`; error text or None."
     owner = f'mode=0700,uid={SANDBOX_UID},gid={SANDBOX_UID},nosuid,nodev'
-    opts = f'size={size_mb}m,nr_inodes={max(1024, size_mb * 64)},{owner}'
+    opts = f'size={size_mb}m,nr_inodes={_inodes(size_mb)},{owner}'
     p = subprocess.run(['mount', '-t', 'tmpfs', '-o', opts, 'apex3-workspace', folder], capture_output=True, text=True)
     return None if p.returncode == 0 else (p.stderr.strip() or f'mount exit {p.returncode}')
 
@@ -576,11 +589,22 @@ class Workspace:
             raise UsageError(f'sandbox workdir {self.origin} holds {mb:.0f} MiB, more than the workspace quota '
                              f'of {self.disk_mb} MiB (--disk)')
         self.top = os.open(self.origin, _DIR_NOFOLLOW)
+        self._check_entries()
         into = os.open(self.path, _DIR_NOFOLLOW)
         try: _copy_at(self.top, into, (SANDBOX_UID, SANDBOX_UID))
         except OSError as e: raise _under(e, self.origin) from None
         finally: os.close(into)
         self.copied_in = True
+
+    def _check_entries(self):
+        """Refuse a named folder holding an entry its owner does not own (root copies it in, where the sandbox reads
+        it, and back as the owner's: a secret of root's would change hands)."""
+        count, stranger = _census(self.top)
+        if stranger:
+            uid = os.fstat(self.top).st_uid
+            raise UsageError(f'sandbox workdir {self.origin} holds {stranger[0]!r}, owned by uid {stranger[1]}, not '
+                             f'by the folder\'s owner (uid {uid}): the sandbox would read it and the copy back would '
+                             "hand it to the folder's owner")
 
     def close(self):
         "Copy a named workdir back (all or nothing), then, whatever happened, unmount and remove; idempotent."

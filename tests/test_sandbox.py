@@ -867,3 +867,21 @@ def test_a_named_folder_holding_what_its_owner_does_not_own_is_refused(open_fold
     assert sb.run(['cat', shape]).stdout == SECRET.decode()
     sb.close()
     assert os.lstat(folder / shape).st_uid == OWNER[0]
+
+def _empty_files(folder, n):
+    for i in range(n): open(os.path.join(folder, f'f{i}'), 'w').close()
+
+@needs_root
+def test_a_named_folder_with_more_entries_than_the_workspaces_inodes_is_refused(open_folder, monkeypatch):
+    """--disk 8 gives the workspace 1024 inodes, one its top's: 1023 empty files go in, 1100 are refused in one line
+    naming the count, the limit and --disk. The control: without the count the copy stops on ENOSPC naming a file."""
+    from apex3.agent import sandbox as sbm
+    _empty_files(open_folder, 1023)
+    Workspace(str(open_folder), disk_mb=8).close()
+    _empty_files(open_folder, 1100)
+    with pytest.raises(UsageError) as e: Workspace(str(open_folder), disk_mb=8)
+    assert str(e.value) == (f'sandbox workdir {open_folder} holds 1100 files and folders, more than the 1023 a '
+                            'workspace of --disk 8 holds (64 per MiB, at least 1024)')
+    monkeypatch.setattr(sbm, '_census', lambda top: (0, None))   # the control
+    with pytest.raises(OSError) as e: Workspace(str(open_folder), disk_mb=8)
+    assert e.value.errno == errno.ENOSPC and e.value.filename.startswith(f'{open_folder}/f')

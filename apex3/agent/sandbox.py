@@ -598,13 +598,18 @@ class Workspace:
 
     def _check_entries(self):
         """Refuse a named folder holding an entry its owner does not own (root copies it in, where the sandbox reads
-        it, and back as the owner's: a secret of root's would change hands)."""
+        it, and back as the owner's: a secret of root's would change hands), or more entries than the workspace has
+        inodes (the copy would stop at the first file past them, on an `ENOSPC` that names that file)."""
         count, stranger = _census(self.top)
         if stranger:
             uid = os.fstat(self.top).st_uid
             raise UsageError(f'sandbox workdir {self.origin} holds {stranger[0]!r}, owned by uid {stranger[1]}, not '
                              f'by the folder\'s owner (uid {uid}): the sandbox would read it and the copy back would '
                              "hand it to the folder's owner")
+        if count > _inodes(self.disk_mb) - 1:
+            raise UsageError(f'sandbox workdir {self.origin} holds {count} files and folders, more than the '
+                             f'{_inodes(self.disk_mb) - 1} a workspace of --disk {self.disk_mb} holds (64 per MiB, '
+                             'at least 1024)')
 
     def close(self):
         "Copy a named workdir back (all or nothing), then, whatever happened, unmount and remove; idempotent."

@@ -269,6 +269,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'apex3.agent.sandbox._under': ('sandbox.html#_under', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._unmount': ('sandbox.html#_unmount', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._walk_link': ('sandbox.html#_walk_link', 'apex3/agent/sandbox.py'),
+                                     'apex3.agent.sandbox._warn_left': ('sandbox.html#_warn_left', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._with_links': ('sandbox.html#_with_links', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox.build_image': ('sandbox.html#build_image', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox.bwrap_argv': ('sandbox.html#bwrap_argv', 'apex3/agent/sandbox.py'),

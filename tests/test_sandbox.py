@@ -885,3 +885,33 @@ def test_a_named_folder_with_more_entries_than_the_workspaces_inodes_is_refused(
     monkeypatch.setattr(sbm, '_census', lambda top: (0, None))   # the control
     with pytest.raises(OSError) as e: Workspace(str(open_folder), disk_mb=8)
     assert e.value.errno == errno.ENOSPC and e.value.filename.startswith(f'{open_folder}/f')
+
+# --- what the copy back cannot remove is said ----------------------------------------------------------------------
+
+@needs_root
+@pytest.mark.parametrize('immutable', [True, False], ids=['immutable', 'control'])
+def test_what_the_copy_back_cannot_remove_is_named_in_a_warning(open_folder, caplog, immutable):
+    """The named folder holds sub/f marked immutable (`chattr +i`): the run's files come back, and what the copy back
+    moved aside but could not remove stays in its hidden folder, named in one warning line with that folder. The
+    control: the same folder without the mark leaves no hidden folder and no warning."""
+    from apex3.agent.sandbox import STAGING
+    folder = open_folder
+    (folder / 'sub').mkdir()
+    (folder / 'sub' / 'f').write_text('frozen')
+    if immutable and subprocess.run(['chattr', '+i', str(folder / 'sub' / 'f')], capture_output=True).returncode:
+        pytest.skip('chattr +i is not supported here')
+    try:
+        ws = Workspace(str(folder), disk_mb=4)
+        pathlib.Path(ws.path, 'new.txt').write_text('new')
+        ws.close()
+        hidden = [n for n in os.listdir(folder) if n.startswith(STAGING)]
+        warned = [r.getMessage() for r in caplog.records if 'could not be removed' in r.getMessage()]
+        assert _listing(folder) - {f'{n}/sub' for n in hidden} - {f'{n}/sub/f' for n in hidden} - set(hidden) == \
+            {'sub', 'sub/f', 'new.txt'} and (folder / 'sub' / 'f').read_text() == 'frozen'
+        if not immutable: assert (hidden, warned) == ([], [])
+        else: assert len(hidden) == 1 and warned == [
+            "sandbox workdir: 2 entries of what the run replaced could not be removed (the first: 'sub/f', maybe "
+            f"immutable or append-only); they are left in {folder}/{hidden[0]}, root's"]
+    finally:
+        for t, _, fs in os.walk(folder):
+            for n in fs: subprocess.run(['chattr', '-i', os.path.join(t, n)], capture_output=True)

@@ -482,6 +482,7 @@ def _copy_back(src, top, dst, own=None, quota_mb=None):
         finally: os.close(tree)
         _swap_in(top, stage, old, dst)
         _empty(old[1])   # what the run replaced
+        _warn_left(old[1], os.path.join(dst, old[0]))
         rule.warn('were not copied back')
     except OSError as e:
         raise UsageError(f'sandbox workdir {dst} is left as it was before the run: copying the workspace back '
@@ -494,6 +495,15 @@ def _copy_back(src, top, dst, own=None, quota_mb=None):
         if stage: _empty(stage[1])
         for made in (stage, old):
             if made: _drop(top, *made)
+
+def _warn_left(fd, where):
+    """One warning line where `_empty` left entries in the open folder `fd` (at the path `where`): a file marked
+    immutable or append-only (`chattr +i`) cannot be removed, even by root, so the hidden folder stays with it."""
+    left = [(rel, stat.S_ISDIR(st.st_mode)) for _, _, rel, st in _below(fd)]
+    if not left: return
+    first = next((rel for rel, folder in left if not folder), left[0][0])
+    _log.warning('sandbox workdir: %d entries of what the run replaced could not be removed (the first: %r, maybe '
+                 'immutable or append-only); they are left in %s, root\'s', len(left), first, where)
 
 def _under(e, folder):
     "`e` naming its entry by its path in `folder` where it names it by its path under it (an error of `_copy_at`)."

@@ -732,11 +732,11 @@ def test_the_owner_cannot_turn_the_copy_back_into_a_root_only_folder(open_folder
     os.mkdir(os.path.join(ws.path, 'd'))
     for rel in ('f', 'd/g'): pathlib.Path(ws.path, rel).write_text('the run')
     staged, copy_file = [], sbm._copy_file
-    def swapping(src, dst, name, owner=None):
+    def swapping(src, dst, name, *rest):
         if not staged:
             staged.extend(n for n in os.listdir(folder) if n.startswith(sbm.STAGING))
             for n in staged: _swap_for_link(folder, n, vault)
-        return copy_file(src, dst, name, owner)
+        return copy_file(src, dst, name, *rest)
     monkeypatch.setattr(sbm, '_copy_file', swapping)
     ws.close()
     assert len(staged) == 2 and os.listdir(vault) == ['secret']
@@ -761,9 +761,10 @@ def test_the_owner_cannot_turn_the_copy_in_to_a_root_only_folder(open_folder, va
     folder, control = open_folder, pathlib.Path(tempfile.mkdtemp())
     try:
         lent(folder)
-        swapped, open_folder_at = [], sbm._open_folder
-        def swapping(name, dfd):
-            if name == 'd' and not swapped:
+        swapped, opened, open_folder_at = [], [], sbm._open_folder
+        def swapping(name, dfd):   # the second time d is opened: the copy's (the first is the check of its entries)
+            opened.append(name)
+            if opened.count('d') == 2 and not swapped:
                 _swap_for_link(folder, 'd', vault)
                 swapped.append(name)
             return open_folder_at(name, dfd)
@@ -781,3 +782,142 @@ def test_the_owner_cannot_turn_the_copy_in_to_a_root_only_folder(open_folder, va
         try: assert _holding(copied, SECRET) == ['d/secret']
         finally: shutil.rmtree(copied)
     finally: shutil.rmtree(control)
+
+# --- what the copy back writes on the host: holes stay holes, hard links are bounded by the quota -----------------
+
+SPARSE = ('truncate -s 30M s1 s2 s3; printf data | dd of=s2 bs=1 seek=1000000 conv=notrunc 2>/dev/null; '
+          'head -c 2097152 /dev/urandom > f')
+LINKED = SPARSE + '; for i in $(seq 10); do ln f f$i; done'
+
+def _blocks_mb(folder):
+    "MiB of blocks the files under `folder` take (as `du`, a hard link counted once)."
+    seen = {(os.lstat(folder).st_ino): os.lstat(folder).st_blocks}
+    for t, ds, fs in os.walk(folder):
+        for n in ds + fs:
+            st = os.lstat(os.path.join(t, n))
+            seen[st.st_ino] = st.st_blocks
+    return sum(seen.values()) * 512 / (1 << 20)
+
+def _sparse_tree(path):
+    "What LINKED does, done from the host in `path`."
+    for n in ('s1', 's2', 's3'): os.truncate(open(os.path.join(path, n), 'wb').name, 30 << 20)
+    with open(os.path.join(path, 's2'), 'r+b') as f: f.seek(1000000), f.write(b'data')
+    pathlib.Path(path, 'f').write_bytes(os.urandom(2 << 20))
+    for i in range(1, 11): os.link(os.path.join(path, 'f'), os.path.join(path, f'f{i}'))
+
+@needs_bwrap
+@needs_root
+def test_sparse_files_come_back_sparse_and_hard_links_stay_within_the_quota(open_folder):
+    """--disk 8: three sparse files of 30 MiB and a 2 MiB file come back sparse, with the same bytes, in no more than
+    8 MiB of blocks; the same run with ten hard links to the 2 MiB file (22 MiB once copied as files) is refused in one
+    line, status 2, the folder as it was. The control: the plain copy (sendfile, a hard link a file) of the same tree
+    takes over 100 MiB of blocks. The sparse files go in again as they came back, in the workspace's 8 MiB."""
+    folder = str(open_folder)
+    pathlib.Path(folder, 'keep.txt').write_text('mine')
+    rc, out, err = _cli('--workdir', folder, '--disk', '8', '--', 'sh', '-c', LINKED)
+    line = err.strip().splitlines()[-1]
+    assert rc == 2 and line == (f'apex3 agent sandbox: error: sandbox workdir {folder} is left as it was before the '
+                                "run: the run's files would take more than the --disk quota of 8 MiB on the host "
+                                '(hard links are copied as files)'), err
+    assert _listing(folder) == {'keep.txt'} and pathlib.Path(folder, 'keep.txt').read_text() == 'mine'
+    rc, out, err = _cli('--workdir', folder, '--disk', '8', '--', 'sh', '-c', SPARSE)
+    assert rc == 0, err
+    assert _listing(folder) == {'keep.txt', 's1', 's2', 's3', 'f'} and _blocks_mb(folder) <= 8
+    expected = bytearray(30 << 20)
+    expected[1000000:1000004] = b'data'
+    for n in ('s1', 's2', 's3'):
+        st = os.lstat(os.path.join(folder, n))
+        assert st.st_size == 30 << 20 and st.st_blocks * 512 < 1 << 20
+    assert pathlib.Path(folder, 's2').read_bytes() == expected
+    assert pathlib.Path(folder, 's1').read_bytes() == bytes(30 << 20)
+    ws, control = Workspace(folder, disk_mb=8), tempfile.mkdtemp()   # the control: the plain copy of the same tree
+    try:
+        for n in ('s1', 's2', 's3', 'f'): os.unlink(os.path.join(ws.path, n))
+        _sparse_tree(ws.path)
+        shutil.copytree(ws.path, control, dirs_exist_ok=True)
+        assert _blocks_mb(control) > 100 and _blocks_mb(ws.path) <= 8
+        with pytest.raises(UsageError, match='would take more than the --disk quota of 8 MiB'): ws.close()
+    finally: shutil.rmtree(control)
+    assert _listing(folder) == {'keep.txt', 's1', 's2', 's3', 'f'}
+
+# --- what the named folder holds is checked before the copy in: its owner's only, no more than the inodes -----------
+
+def _lend_with(folder, shape):
+    """`folder` lent by OWNER, holding the owner's file `mine` and root's 0600 file at `shape` (`secret`, or
+    `vault/secret` in a root 0700 folder)."""
+    os.chown(folder, *OWNER)
+    (folder / 'mine').write_text('mine')
+    os.chown(folder / 'mine', *OWNER)
+    if '/' in shape: os.mkdir(folder / 'vault', 0o700)
+    (folder / shape).write_bytes(SECRET)
+    os.chmod(folder / shape, 0o600)
+
+@needs_bwrap
+@needs_root
+@pytest.mark.parametrize('shape', ['secret', 'vault/secret'])
+def test_a_named_folder_holding_what_its_owner_does_not_own_is_refused(open_folder, monkeypatch, shape):
+    """A folder lent by uid 4242 that holds root's 0600 file (or root's 0700 folder) is refused before the copy in:
+    status 2, one line naming the first such entry and its owner, the sandbox never started, the file root's and the
+    folder as it was. The control: without the check the sandbox reads the secret, and after the copy back the owner
+    owns it."""
+    from apex3.agent import sandbox as sbm
+    folder, first = open_folder, shape.split('/')[0]
+    _lend_with(folder, shape)
+    rc, out, err = _cli('--workdir', str(folder), '--disk', '8', '--', 'cat', shape)
+    assert (rc, out, err.count('\n')) == (2, '', 1) and err == (
+        f"apex3 agent sandbox: error: sandbox workdir {folder} holds '{first}', owned by uid 0, not by the folder's "
+        f"owner (uid {OWNER[0]}): the sandbox would read it and the copy back would hand it to the folder's owner\n")
+    assert _listing(folder) == {'mine', first, shape} and os.lstat(folder / shape).st_uid == 0
+    monkeypatch.setattr(sbm, '_census', lambda top: (0, None))   # the control: the copy without the check
+    sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(folder))
+    assert sb.run(['cat', shape]).stdout == SECRET.decode()
+    sb.close()
+    assert os.lstat(folder / shape).st_uid == OWNER[0]
+
+def _empty_files(folder, n):
+    for i in range(n): open(os.path.join(folder, f'f{i}'), 'w').close()
+
+@needs_root
+def test_a_named_folder_with_more_entries_than_the_workspaces_inodes_is_refused(open_folder, monkeypatch):
+    """--disk 8 gives the workspace 1024 inodes, one its top's: 1023 empty files go in, 1100 are refused in one line
+    naming the count, the limit and --disk. The control: without the count the copy stops on ENOSPC naming a file."""
+    from apex3.agent import sandbox as sbm
+    _empty_files(open_folder, 1023)
+    Workspace(str(open_folder), disk_mb=8).close()
+    _empty_files(open_folder, 1100)
+    with pytest.raises(UsageError) as e: Workspace(str(open_folder), disk_mb=8)
+    assert str(e.value) == (f'sandbox workdir {open_folder} holds 1100 files and folders, more than the 1023 a '
+                            'workspace of --disk 8 holds (64 per MiB, at least 1024)')
+    monkeypatch.setattr(sbm, '_census', lambda top: (0, None))   # the control
+    with pytest.raises(OSError) as e: Workspace(str(open_folder), disk_mb=8)
+    assert e.value.errno == errno.ENOSPC and e.value.filename.startswith(f'{open_folder}/f')
+
+# --- what the copy back cannot remove is said ----------------------------------------------------------------------
+
+@needs_root
+@pytest.mark.parametrize('immutable', [True, False], ids=['immutable', 'control'])
+def test_what_the_copy_back_cannot_remove_is_named_in_a_warning(open_folder, caplog, immutable):
+    """The named folder holds sub/f marked immutable (`chattr +i`): the run's files come back, and what the copy back
+    moved aside but could not remove stays in its hidden folder, named in one warning line with that folder. The
+    control: the same folder without the mark leaves no hidden folder and no warning."""
+    from apex3.agent.sandbox import STAGING
+    folder = open_folder
+    (folder / 'sub').mkdir()
+    (folder / 'sub' / 'f').write_text('frozen')
+    if immutable and subprocess.run(['chattr', '+i', str(folder / 'sub' / 'f')], capture_output=True).returncode:
+        pytest.skip('chattr +i is not supported here')
+    try:
+        ws = Workspace(str(folder), disk_mb=4)
+        pathlib.Path(ws.path, 'new.txt').write_text('new')
+        ws.close()
+        hidden = [n for n in os.listdir(folder) if n.startswith(STAGING)]
+        warned = [r.getMessage() for r in caplog.records if 'could not be removed' in r.getMessage()]
+        assert _listing(folder) - {f'{n}/sub' for n in hidden} - {f'{n}/sub/f' for n in hidden} - set(hidden) == \
+            {'sub', 'sub/f', 'new.txt'} and (folder / 'sub' / 'f').read_text() == 'frozen'
+        if not immutable: assert (hidden, warned) == ([], [])
+        else: assert len(hidden) == 1 and warned == [
+            "sandbox workdir: 2 entries of what the run replaced could not be removed (the first: 'sub/f', maybe "
+            f"immutable or append-only); they are left in {folder}/{hidden[0]}, root's"]
+    finally:
+        for t, _, fs in os.walk(folder):
+            for n in fs: subprocess.run(['chattr', '-i', os.path.join(t, n)], capture_output=True)

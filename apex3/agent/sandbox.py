@@ -285,10 +285,42 @@ class _LinkRule:
             _log.warning('sandbox workdir %s: %d link(s) the run left resolve outside it or loop%s, and %s '
                          '(the first: %s)', self.top, len(self.dropped), unwalked, what, self.dropped[0])
 
-def _copy_file(src, dst, name, owner=None):
+class _OverQuota(Exception):
+    "A copy back that would write more than the workspace quota on the host (`_Budget`)."
+
+class _Budget:
+    """Bytes a copy may still write, `limit` (None: no bound). A hard link is copied as a file of its own, so a run's
+    16 MiB of tmpfs could come back as gigabytes (one 10 MiB file with a thousand links): each file's data is charged
+    here before it is written."""
+    def __init__(self, limit): self.left = limit
+    def spend(self, n):
+        if self.left is None: return
+        self.left -= n
+        if self.left < 0: raise _OverQuota()
+
+def _copy_data(fin, fout, size, budget=None):
+    """Copy the first `size` bytes of the open file `fin` into the empty open file `fout` range of data by range
+    (`SEEK_DATA`, `SEEK_HOLE`), each charged to `budget` before it is written: a hole stays a hole, where a plain copy
+    writes it as zeros (a run's `truncate -s 60M` would take 60 MiB on the host)."""
+    at = 0
+    while at < size:
+        try: start = os.lseek(fin, at, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO: break   # nothing but a hole to the end
+            raise
+        end = min(os.lseek(fin, start, os.SEEK_HOLE), size)
+        if end <= start: break   # the file shrank meanwhile
+        if budget: budget.spend(end - start)
+        os.lseek(fout, start, os.SEEK_SET)
+        while start < end and (sent := os.sendfile(fout, fin, start, min(end - start, 1 << 24))): start += sent
+        at = end
+    os.ftruncate(fout, size)   # the holes at the end
+
+def _copy_file(src, dst, name, owner=None, budget=None):
     """Copy the regular file `name` of the open folder `src` to a new file of that name in the open folder `dst`: its
-    bytes, mode (less setuid, setgid and sticky bits: inside the sandbox they grant nothing, an unprivileged user on a
-    nosuid tmpfs may set them, but a copy root writes on the host would run as root), times and `owner` (uid, gid).
+    data (holes kept, charged to `budget`: `_copy_data`), mode (less setuid, setgid and sticky bits: inside the sandbox
+    they grant nothing, an unprivileged user on a nosuid tmpfs may set them, but a copy root writes on the host would
+    run as root), times and `owner` (uid, gid).
     Neither is opened through a link, and the new file only if nothing has its name; a file swapped meanwhile for
     anything but a regular file is not copied."""
     fin = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=src)   # a fifo swapped in: no wait
@@ -297,8 +329,7 @@ def _copy_file(src, dst, name, owner=None):
         if not stat.S_ISREG(st.st_mode): return
         fout = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst)
         try:
-            at = 0
-            while sent := os.sendfile(fout, fin, at, 1 << 24): at += sent
+            _copy_data(fin, fout, st.st_size, budget)
             if owner is not None: os.fchown(fout, *owner)
             os.fchmod(fout, stat.S_IMODE(st.st_mode) & 0o777)
             os.utime(fout, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -338,12 +369,13 @@ class _Into:
         os.utime(self.fd, ns=(st.st_atime_ns, st.st_mtime_ns))
         self.walk.leave()
 
-def _copy_at(src, dst, owner=None, keep_link=lambda rel: True, levels=None):
+def _copy_at(src, dst, owner=None, keep_link=lambda rel: True, levels=None, budget=None):
     """Copy folders, regular files and symlinks (as links, never followed; only those `keep_link(path under src)`
     takes) from the open folder `src` into the open folder `dst`, chowned to `owner` (uid, gid). Both trees are walked
     by descriptor (`_below`, and `_Into` in step with it): every entry is opened or made relative to its folder's
     descriptor without following a link, so a folder of either tree swapped meanwhile for a link leads nowhere. Stops
-    at the first error: an `OSError` naming the entry by its path under `src`. A hard link becomes a file. Each side
+    at the first error: an `OSError` naming the entry by its path under `src`, or `_OverQuota` where the files' data
+    would pass `budget` (`_Budget`). A hard link becomes a file, holes stay holes (`_copy_data`). Each side
     holds half of `levels` (`OPEN_LEVELS`) folders open, so the copy holds no more than one walk."""
     half, rel = max(1, (levels or OPEN_LEVELS) // 2), None
     into = _Into(dst, owner, half)
@@ -351,7 +383,7 @@ def _copy_at(src, dst, owner=None, keep_link=lambda rel: True, levels=None):
         for dfd, name, rel, st in _below(src, half, twin=into):
             if stat.S_ISLNK(st.st_mode):
                 if keep_link(rel): _copy_link(dfd, into.fd, name, owner)
-            elif stat.S_ISREG(st.st_mode): _copy_file(dfd, into.fd, name, owner)
+            elif stat.S_ISREG(st.st_mode): _copy_file(dfd, into.fd, name, owner, budget)
     except OSError as e: raise OSError(e.errno, e.strerror, _TOO_DEEP if rel is None else rel) from None
     finally: into.walk.close()
 
@@ -431,31 +463,47 @@ def _move(name, frm, to, done):
     os.rename(name, name, src_dir_fd=frm, dst_dir_fd=to)
     done.append((name, frm, to))
 
-def _copy_back(src, top, dst, own=None):
+def _copy_back(src, top, dst, own=None, quota_mb=None):
     """Put the tree `src` in place of what the named folder `dst` holds, all or nothing: a failure is a `UsageError` of
     one line that names the path and the cause, with `dst` as it was. `top` is `dst` opened when the workspace was
     made: every step is relative to it or to folders made in it, never by path (its owner may swap any entry of it
     for a link meanwhile). Links that lead out of `dst` stay behind (`_LinkRule`, `own`: the links `dst` held
     before), said in one warning line. What comes back is the owner's of `dst` (uid and gid): root copies it, and a
-    user who lent the folder could otherwise neither change those files nor empty those folders."""
+    user who lent the folder could otherwise neither change those files nor empty those folders. The data written is
+    bounded by `quota_mb` (MiB): a run's hard links come back as files, one copy each (`_Budget`)."""
     stage = old = None
     rule = _LinkRule(src, dst, own or {})
     try:
         stage = _private_folder(top)
         old = _private_folder(top)
         tree = os.open(src, _DIR_NOFOLLOW)
-        try: _copy_at(tree, stage[1], _owner(top), keep_link=rule.allows)   # the only step that writes data
+        budget = _Budget(quota_mb and quota_mb << 20)
+        try: _copy_at(tree, stage[1], _owner(top), keep_link=rule.allows, budget=budget)   # the only step that writes
         finally: os.close(tree)
         _swap_in(top, stage, old, dst)
         _empty(old[1])   # what the run replaced
+        _warn_left(old[1], os.path.join(dst, old[0]))
         rule.warn('were not copied back')
     except OSError as e:
         raise UsageError(f'sandbox workdir {dst} is left as it was before the run: copying the workspace back '
                          f'failed: {os_error_line(_under(e, dst))}') from None
+    except _OverQuota:
+        raise UsageError(f"sandbox workdir {dst} is left as it was before the run: the run's files would take more "
+                         f'than the --disk quota of {quota_mb} MiB on the host (hard links are copied as '
+                         'files)') from None
     finally:
         if stage: _empty(stage[1])
         for made in (stage, old):
             if made: _drop(top, *made)
+
+def _warn_left(fd, where):
+    """One warning line where `_empty` left entries in the open folder `fd` (at the path `where`): a file marked
+    immutable or append-only (`chattr +i`) cannot be removed, even by root, so the hidden folder stays with it."""
+    left = [(rel, stat.S_ISDIR(st.st_mode)) for _, _, rel, st in _below(fd)]
+    if not left: return
+    first = next((rel for rel, folder in left if not folder), left[0][0])
+    _log.warning('sandbox workdir: %d entries of what the run replaced could not be removed (the first: %r, maybe '
+                 'immutable or append-only); they are left in %s, root\'s', len(left), first, where)
 
 def _under(e, folder):
     "`e` naming its entry by its path in `folder` where it names it by its path under it (an error of `_copy_at`)."
@@ -463,10 +511,23 @@ def _under(e, folder):
         return OSError(e.errno, e.strerror, os.path.join(folder, e.filename))
     return e
 
+def _inodes(size_mb):
+    "The inodes of a workspace of `size_mb`: 64 per MiB, at least 1024 (its top folder takes one)."
+    return max(1024, size_mb * 64)
+
+def _census(top):
+    """(folders, files and links under the open folder `top`: what a copy makes, the first (path, uid) of an entry
+    not owned by the owner of `top`, or None), walked by descriptor (`_below`)."""
+    count, owner, stranger = 0, os.fstat(top).st_uid, None
+    for _, _, rel, st in _below(top):
+        count += not _odd_mode(st.st_mode)
+        if stranger is None and st.st_uid != owner: stranger = (_TOO_DEEP if rel is None else rel, st.st_uid)
+    return count, stranger
+
 def _mount_tmpfs(folder, size_mb):
     "Mount a tmpfs of `size_mb` (and a matching inode count) owned by the sandbox uid on `folder`; error text or None."
     owner = f'mode=0700,uid={SANDBOX_UID},gid={SANDBOX_UID},nosuid,nodev'
-    opts = f'size={size_mb}m,nr_inodes={max(1024, size_mb * 64)},{owner}'
+    opts = f'size={size_mb}m,nr_inodes={_inodes(size_mb)},{owner}'
     p = subprocess.run(['mount', '-t', 'tmpfs', '-o', opts, 'apex3-workspace', folder], capture_output=True, text=True)
     return None if p.returncode == 0 else (p.stderr.strip() or f'mount exit {p.returncode}')
 
@@ -533,16 +594,32 @@ class Workspace:
         cls._warned = True
 
     def _copy_in(self):
-        mb = tree_mb(self.origin, blocks=False)
+        mb = tree_mb(self.origin)   # blocks: a sparse file's holes are copied as holes (`_copy_data`)
         if mb > self.disk_mb:
             raise UsageError(f'sandbox workdir {self.origin} holds {mb:.0f} MiB, more than the workspace quota '
                              f'of {self.disk_mb} MiB (--disk)')
         self.top = os.open(self.origin, _DIR_NOFOLLOW)
+        self._check_entries()
         into = os.open(self.path, _DIR_NOFOLLOW)
         try: _copy_at(self.top, into, (SANDBOX_UID, SANDBOX_UID))
         except OSError as e: raise _under(e, self.origin) from None
         finally: os.close(into)
         self.copied_in = True
+
+    def _check_entries(self):
+        """Refuse a named folder holding an entry its owner does not own (root copies it in, where the sandbox reads
+        it, and back as the owner's: a secret of root's would change hands), or more entries than the workspace has
+        inodes (the copy would stop at the first file past them, on an `ENOSPC` that names that file)."""
+        count, stranger = _census(self.top)
+        if stranger:
+            uid = os.fstat(self.top).st_uid
+            raise UsageError(f'sandbox workdir {self.origin} holds {stranger[0]!r}, owned by uid {stranger[1]}, not '
+                             f'by the folder\'s owner (uid {uid}): the sandbox would read it and the copy back would '
+                             "hand it to the folder's owner")
+        if count > _inodes(self.disk_mb) - 1:
+            raise UsageError(f'sandbox workdir {self.origin} holds {count} files and folders, more than the '
+                             f'{_inodes(self.disk_mb) - 1} a workspace of --disk {self.disk_mb} holds (64 per MiB, '
+                             'at least 1024)')
 
     def close(self):
         "Copy a named workdir back (all or nothing), then, whatever happened, unmount and remove; idempotent."
@@ -553,7 +630,7 @@ class Workspace:
                 if why := _freeze(self.path):
                     raise UsageError(f'sandbox workdir {self.origin} is left as it was before the run: its workspace '
                                      f'could not be made read-only to copy it back: {why}')
-                _copy_back(self.path, self.top, self.origin, self.own[0])
+                _copy_back(self.path, self.top, self.origin, self.own[0], self.disk_mb)
             elif self.origin and not self.quota: _tidy_in_place(self.origin, *self.own)
         finally:
             if self.owner: _give_back(self.origin, *self.owner)

@@ -921,3 +921,27 @@ def test_what_the_copy_back_cannot_remove_is_named_in_a_warning(open_folder, cap
     finally:
         for t, _, fs in os.walk(folder):
             for n in fs: subprocess.run(['chattr', '-i', os.path.join(t, n)], capture_output=True)
+
+
+def _workspace_process(then):
+    "A Python that makes a 1 MiB workspace, prints its folder, then runs `then`: (process, folder)."
+    code = f'from apex3.agent.sandbox import Workspace; w = Workspace(disk_mb=1); print(w.path, flush=True); {then}'
+    p = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+    return p, p.stdout.readline().strip()
+
+@needs_root
+def test_a_workspace_its_killed_process_left_mounted_is_swept():
+    """A process killed after making its workspace runs no finalizer: its tmpfs stays mounted (the control), holding
+    memory. The next workspace made removes it, and leaves alone the workspace of a process still running."""
+    killed, k_folder = _workspace_process('import os, signal; os.kill(os.getpid(), signal.SIGKILL)')
+    alive, a_folder = _workspace_process('import time; time.sleep(60)')
+    try:
+        killed.wait(30)
+        assert _mounted(k_folder) and _mounted(a_folder)   # the control: nothing unmounted the killed one's
+        Workspace(disk_mb=1).close()
+        assert not _mounted(k_folder) and not os.path.exists(k_folder)
+        assert _mounted(a_folder)
+    finally:
+        alive.kill(); alive.wait(30)
+        Workspace(disk_mb=1).close()
+    assert not _mounted(a_folder)

@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['PROTECTIONS', 'PROBE_S', 'SANDBOX_UID', 'SANDBOX_PYTHON', 'SANDBOX_ENV', 'STAGING', 'LINK_STEPS', 'FREEZE_S',
            'OPEN_LEVELS', 'PATH_MAX', 'DOCKER_REPO', 'SandboxResult', 'Limits', 'run_limited', 'bwrap_argv', 'Cgroups',
-           'tree_mb', 'remove_tree', 'signal_status', 'Workspace', 'Sandbox', 'BwrapSandbox', 'get_sandbox',
-           'docker_client', 'image_files', 'image_tag', 'build_image', 'DockerSandbox']
+           'tree_mb', 'remove_tree', 'signal_status', 'sweep_orphans', 'Workspace', 'Sandbox', 'BwrapSandbox',
+           'get_sandbox', 'docker_client', 'image_files', 'image_tag', 'build_image', 'DockerSandbox']
 
 # %% ../../nbs/62_sandbox.ipynb #54f80bbb
 import contextlib, errno, json, logging, os, secrets, shutil, resource, signal, socket, stat, subprocess, sys, tempfile
@@ -547,6 +547,29 @@ def _unmount(folder):
     if subprocess.run(['umount', folder], capture_output=True).returncode:
         subprocess.run(['umount', '-l', folder], capture_output=True)   # still busy: detach it
 
+def _workspace_prefix(pid=None):
+    "The name a workspace folder starts with: it names the process that made it (`sweep_orphans`)."
+    return f'apex3-ws-{pid or os.getpid()}-'
+
+def sweep_orphans() -> int:
+    """Unmount and remove the workspaces that processes which have ended left mounted: a process killed (SIGKILL, the
+    out-of-memory killer) runs no finalizer, and its tmpfs would hold its memory until the machine restarts. Only a
+    workspace whose process (named in its folder's name) is gone; the count, said in one warning line."""
+    gone = []
+    with open('/proc/self/mounts') as f: mounts = f.read().splitlines()
+    for line in mounts:
+        dev, where = line.split()[:2]
+        name = os.path.basename(where)
+        pid = name.removeprefix('apex3-ws-').split('-')[0]
+        if dev == 'apex3-workspace' and pid.isdigit() and name.startswith(_workspace_prefix(pid)):
+            if not os.path.exists(f'/proc/{pid}'): gone.append(where)
+    for where in gone:
+        _unmount(where)
+        remove_tree(where)
+    if gone: _log.warning('sandbox: %d workspace(s) left mounted by processes that have ended were removed (the '
+                          'first: %s)', len(gone), gone[0])
+    return len(gone)
+
 # %% ../../nbs/62_sandbox.ipynb #b7c0a5e1
 class Workspace:
     "The sandbox's writable folder on the host: a tmpfs of `disk_mb` (root), else a plain folder (warned once)."
@@ -561,7 +584,8 @@ class Workspace:
         self.top = None         # the named folder, opened once for the copy in and the copy back (`_copy_at`)
         self.own = self._own_entries() if workdir is not None else ({}, set())   # what the run may leave as it is
         self.quota = quota and self._can_mount()
-        self.path = self.origin if self.origin and not self.quota else tempfile.mkdtemp(prefix='apex3-ws-')
+        if self.quota: sweep_orphans()
+        self.path = self.origin if self.origin and not self.quota else tempfile.mkdtemp(prefix=_workspace_prefix())
         if self.quota and (why := _mount_tmpfs(self.path, disk_mb)):
             self.quota = False
             self._warn(f'mounting a tmpfs failed: {why}')

@@ -240,6 +240,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'apex3.agent.sandbox._empty': ('sandbox.html#_empty', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._entries': ('sandbox.html#_entries', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._feed': ('sandbox.html#_feed', 'apex3/agent/sandbox.py'),
+                                     'apex3.agent.sandbox._folder_fd': ('sandbox.html#_folder_fd', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._freeze': ('sandbox.html#_freeze', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._give_back': ('sandbox.html#_give_back', 'apex3/agent/sandbox.py'),
                                      'apex3.agent.sandbox._ident': ('sandbox.html#_ident', 'apex3/agent/sandbox.py'),

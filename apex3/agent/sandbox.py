@@ -403,10 +403,9 @@ def _empty(top):
 
 def remove_tree(path):
     "`shutil.rmtree(path, ignore_errors=True)` by descriptor (`_empty`): no link is followed, what cannot go stays."
-    try: top = os.open(path, _DIR_NOFOLLOW)
-    except OSError: return
-    try: _empty(top)
-    finally: os.close(top)
+    with _folder_fd(path) as top:
+        if top is None: return
+        _empty(top)
     with contextlib.suppress(OSError): os.rmdir(path)
 
 def signal_status(rc: int) -> int:
@@ -680,9 +679,8 @@ def _tidy_in_place(folder, own_links, own_odd):
     Setuid, setgid and sticky bits are dropped, as the copy back drops them (`_copy_file`). Walked by descriptor
     (`_below`), as `_give_back` is: root removes and changes only what is in the folder."""
     rule, odd = _LinkRule(folder, folder, own_links), []
-    try: top = os.open(folder, _DIR_NOFOLLOW)
-    except OSError: return
-    try:
+    with _folder_fd(folder) as top:
+        if top is None: return
         for dfd, name, rel, st in _below(top):   # a link or odd file removed here is never walked into
             weird = _odd_mode(st.st_mode)
             if (stat.S_ISLNK(st.st_mode) and not rule.allows(rel)) or (weird and rel not in own_odd):
@@ -690,7 +688,6 @@ def _tidy_in_place(folder, own_links, own_odd):
                 with contextlib.suppress(OSError): os.unlink(name, dir_fd=dfd)
             elif _special_bits(st):
                 with contextlib.suppress(OSError): _plain_mode_at(dfd, name)
-    finally: os.close(top)
     rule.warn('were removed')
     if odd: _log.warning('sandbox workdir %s: %d fifo(s), socket(s) or device(s) the run left were removed (the '
                          'first: %r)', folder, len(odd), odd[0])
@@ -701,6 +698,15 @@ def _owner(path):
     return st.st_uid, st.st_gid
 
 _DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+@contextlib.contextmanager
+def _folder_fd(path):
+    "The folder `path` opened without following a link, closed after the block; None where it cannot be opened."
+    try: fd = os.open(path, _DIR_NOFOLLOW)
+    except OSError: fd = None
+    try: yield fd
+    finally:
+        if fd is not None: os.close(fd)
 OPEN_LEVELS = 32   # folders `_below` holds open at once, the deepest of its walk: enough for a tree of any depth
 PATH_MAX = 4096    # the longest path the kernel takes: an entry deeper than that cannot be named by a path
 
@@ -822,15 +828,13 @@ def _give_back(folder, uid, gid):
     hard link outside the folder stays as it is: chowning it would reach that other name too. Walked by descriptor
     (`_below`): the run's folders are `nobody`'s until given back, and another process as `nobody` could swap one for a
     link to anywhere, through which a chown by path would reach."""
-    try: top = os.open(folder, _DIR_NOFOLLOW)
-    except OSError: return
-    try:
+    with _folder_fd(folder) as top:
+        if top is None: return
         with contextlib.suppress(OSError): os.fchown(top, uid, gid)
         names = Counter((st.st_dev, st.st_ino) for _, _, _, st in _below(top))
         for dfd, name, _, st in _below(top):   # a folder is given back before what it holds is walked
             if st.st_uid == SANDBOX_UID and (stat.S_ISDIR(st.st_mode) or names[st.st_dev, st.st_ino] == st.st_nlink):
                 with contextlib.suppress(OSError): os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
-    finally: os.close(top)
 
 def _open_workspace(owner, workdir, limits, without):
     "(workspace, folder, close) for sandbox `owner`; `close` also runs when `owner` is garbage-collected."

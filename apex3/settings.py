@@ -14,7 +14,7 @@ __all__ = ['MAX_LR', 'MAX_GIB', 'MAX_MINUTES', 'MAX_SECONDS', 'MAX_TOKENS', 'TOK
            'check_train_argv', 'bench_settings', 'check_bench_argv']
 
 # %% ../nbs/23_settings.ipynb #f1565210
-import argparse, dataclasses, typing
+import argparse, dataclasses, math, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from .usage import ArgParser, UsageError, in_range
@@ -183,6 +183,11 @@ class CheckpointSettings:
     def next_due(self, tokens) -> float:
         "The token count at which the checkpoint after `tokens` tokens is due: the next multiple of `--ckpt-every`."
         return (tokens // self.ckpt_every + 1) * self.ckpt_every
+
+    def saves_left(self, tokens, stop) -> int:
+        """How many checkpoints a run at `tokens` may still write before it stops at `stop`: one each `--ckpt-every`,
+        and the last at the stop. An upper bound, for the room they need (`apex3.ckpt.check_checkpoint_room`)."""
+        return math.ceil(max(0, stop - tokens) / self.ckpt_every) + 1
 
 # %% ../nbs/23_settings.ipynb #ec2dd306
 @dataclass(frozen=True)

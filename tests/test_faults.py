@@ -215,15 +215,14 @@ def test_resume_keeps_no_checkpoint_file_mapped(data, tmp_path, extra):
     import gc, torch
     from apex3.data.loader import MixtureLoader
     from apex3.run import micro_step, optimizer_step
-    from apex3.train import Dist, TrainState, build_run, restore_state, save_state, train_parser, trainer_settings
+    from apex3.train import Dist, TrainState, build_run, train_parser, trainer_settings
+    from apex3.train_ckpt import restore_state, save_state
     maps = Path('/proc/self/maps')
     if not maps.exists(): pytest.skip('no /proc/self/maps here')
     a = train_parser().parse_args([*map(str, TINY), *data, '--total-tokens', '640', '--ckpt-dir', str(tmp_path),
                                    *extra])
     def fresh():
-        run = build_run(trainer_settings(a), Dist())
-        run.a, run.diloco = a, None
-        return run, MixtureLoader(a.data, 32, 2)
+        return build_run(trainer_settings(a), Dist()), MixtureLoader(a.data, 32, 2)
     run, loader = fresh()
     micro_step(run, torch.from_numpy(loader.next_batch()))
     optimizer_step(run)

@@ -40,10 +40,11 @@ def demo_main(argv=()):
         print(f'$ apex3 plan 1T --active 32B --tokens 15T --precision fp8\n{result}\n')
         for f in save_plan_figures(result, a.out): print(f'wrote {f}')
     with phase(timings, 'data'):
-        print(f'\n$ apex3 data demo {out / "data"}')
+        print(f'\n$ apex3 data demo {out / "data"} --restart')
         from apex3.data.pipeline import data_main
         limit = [f'--max-files={a.max_files}'] if a.max_files else []
-        if rc := run_command('data', data_main, ['demo', str(out / 'data'), *limit]): return rc
+        # the demo's own folder: a run again with other --max-files, or another apex3, redoes what changed
+        if rc := run_command('data', data_main, ['demo', str(out / 'data'), '--restart', *limit]): return rc
     with phase(timings, 'train'):
         from apex3.train_evidence import demo_train
         print(f'\ntraining the tiny model on {out / "data"} for about {a.minutes:g} minute' + 's' * (a.minutes != 1))

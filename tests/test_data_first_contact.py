@@ -112,3 +112,31 @@ def test_tokenize_off_from_the_command(tmp_path):
     small_run(tmp_path, '[tokenize]\nenabled = false\n')
     p = apex3(CLI, 'data', 'run', 'c.toml', cwd=tmp_path)
     assert p.returncode == 0 and 'tokenization is off' in p.stdout and 'tokens per source' not in p.stdout, p.stderr
+
+
+# --- running it again: the embedded corpus is the same bytes every time, and `apex3 demo` redoes what changed ------
+
+def test_data_demo_run_again_a_second_later_reuses_every_task(tmp_path):
+    """`apex3 data demo` into the same folder twice, more than a second apart (a gzip header holds the second it was
+    written): the second run finds its input unchanged and exits 0. The control shows the gap is enough to tell a
+    time-stamped archive from the one before it."""
+    import gzip, time
+    first = apex3(CLI, 'data', 'demo', tmp_path / 'd', '--max-files', '3', cwd=tmp_path)
+    stamped = gzip.compress(b'x')
+    time.sleep(1.1)
+    again = apex3(CLI, 'data', 'demo', tmp_path / 'd', '--max-files', '3', cwd=tmp_path)
+    assert (first.returncode, again.returncode) == (0, 0), again.stderr
+    assert gzip.compress(b'x') != stamped   # the control: the same data, compressed a second later, differs
+
+
+def test_demo_run_again_with_other_files_redoes_what_changed(tmp_path):
+    """The README's first command run again into its folder with another `--max-files` (or by another apex3) exits 0:
+    the demo owns `OUT/data`, and redoes the tasks whose inputs changed. The control, `apex3 data demo` into that
+    folder as a user runs it, refuses the changed tasks in one line."""
+    run = lambda *a: apex3(CLI, 'demo', '--out', tmp_path / 'o', '--minutes', '0.02', '--agent-steps', '2', *a,
+                           cwd=tmp_path)
+    assert run('--max-files', '3').returncode == 0
+    again = run('--max-files', '4')
+    assert again.returncode == 0, again.stderr[-600:]
+    plain = apex3(CLI, 'data', 'demo', tmp_path / 'o' / 'data', '--max-files', '5', cwd=tmp_path)
+    assert plain.returncode == 2 and plain.stderr.count('\n') == 1 and '--restart' in plain.stderr, plain.stderr

@@ -55,7 +55,8 @@ def malformed_files(folder, rng, max_line_bytes) -> dict:
     (folder/'malformed.jsonl').write_bytes(b'\n'.join([
         good(0), b'{"text": "cut in the mid', good(1), b'{"text": "caf\xe9 in latin-1"}', b'{"title": "no text field"}',
         b'{"text": "' + b'x' * (max_line_bytes + 10) + b'"}', good(2)]) + b'\n')
-    (folder/'truncated.jsonl.gz').write_bytes(gzip.compress(b'\n'.join(good(i) for i in range(500)))[:-20])
+    archive = gzip.compress(b'\n'.join(good(i) for i in range(500)), mtime=0)   # the same bytes on every run
+    (folder/'truncated.jsonl.gz').write_bytes(archive[:-20])
     blob = bytes(rng.randrange(256) for _ in range(4096)) + b'\x00' * 64
     (folder/'binary.jsonl').write_bytes(blob)
     lines = blob.count(b'\n') + (not blob.endswith(b'\n'))  # a binary file is set aside whole, counted in lines

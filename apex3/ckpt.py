@@ -11,7 +11,7 @@ __all__ = ['SUMS', 'TMP', 'CKPT_OVERHEAD', 'ckpt_name', 'checkpoint_tokens', 'li
            'rng_state', 'set_rng_state']
 
 # %% ../nbs/71_ckpt.ipynb #3ba48668
-import hashlib, logging, os, random, re, shutil, sys
+import hashlib, logging, os, random, re, shutil, stat, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch
@@ -85,8 +85,10 @@ def save_file(obj, path) -> str:
     return w.h.hexdigest()
 
 def sha256_file(path) -> str:
-    "SHA-256 (hex) of a file (`hashlib.file_digest` reads it in pieces)."
-    with open(path, 'rb') as f:
+    """SHA-256 (hex) of a regular file (`hashlib.file_digest` reads it in pieces). A link, a device or a pipe is a
+    `ValueError`, opened without following or waiting: reading `/dev/zero`, or a pipe no one writes, never ends."""
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), 'rb') as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode): raise ValueError(f'{Path(path).name} is not a regular file')
         return hashlib.file_digest(f, 'sha256').hexdigest()
 
 # %% ../nbs/71_ckpt.ipynb #8dba5b75
@@ -98,11 +100,14 @@ def write_sums(d, sums: dict):
         os.fsync(f.fileno())
 
 def read_sums(d) -> dict:
-    "File name -> hex digest from `d/SHA256SUMS` (text or binary mode lines); raises ValueError on a malformed line."
+    """File name -> hex digest from `d/SHA256SUMS` (text or binary mode lines); raises ValueError on a malformed line,
+    or on a name that is not a file beside it (`/etc/passwd`, `../x`): a crafted list must not send the check
+    elsewhere."""
     sums = {}
     for line in (Path(d) / SUMS).read_text().splitlines():
         m = re.fullmatch(r'([0-9a-f]{64}) [ *](.+)', line)
         if not m: raise ValueError(f'malformed line in {SUMS}: {line[:80]!r}')
+        if not _NAME_RE.fullmatch(m[2]): raise ValueError(f'{SUMS} lists {m[2][:80]!r}, not a file of the checkpoint')
         sums[m[2]] = m[1]
     return sums
 
@@ -127,6 +132,8 @@ def verify_checkpoint(path, files=None) -> list[str]:
         if name not in sums: return f'{name} is not listed in {SUMS}'
         try: return None if sha256_file(path / name) == sums[name] else f'{name} fails its checksum'
         except FileNotFoundError: return f'{name} is missing'
+        except ValueError as e: return str(e)
+        except OSError as e: return f'{name}: {os.strerror(e.errno)}'   # a link (ELOOP), a folder, no permission
     with ThreadPoolExecutor(min(8, max(1, len(files)))) as ex:
         problems = [p for p in ex.map(check, files) if p]
     if not problems and len(files) == len(sums): _mark_good(path)

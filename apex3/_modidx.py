@@ -2072,6 +2072,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'apex3.settings.check_train_settings': ('settings.html#check_train_settings', 'apex3/settings.py'),
                                 'apex3.settings.checked_train_config': ('settings.html#checked_train_config', 'apex3/settings.py'),
                                 'apex3.settings.default_device': ('settings.html#default_device', 'apex3/settings.py'),
+                                'apex3.settings.listen_address': ('settings.html#listen_address', 'apex3/settings.py'),
                                 'apex3.settings.run_config': ('settings.html#run_config', 'apex3/settings.py'),
                                 'apex3.settings.run_flags': ('settings.html#run_flags', 'apex3/settings.py'),
                                 'apex3.settings.run_settings': ('settings.html#run_settings', 'apex3/settings.py'),
@@ -2181,6 +2182,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.usage.load_target': ('usage.html#load_target', 'apex3/usage.py'),
                              'apex3.usage.os_error_line': ('usage.html#os_error_line', 'apex3/usage.py'),
                              'apex3.usage.probe_writable': ('usage.html#probe_writable', 'apex3/usage.py'),
+                             'apex3.usage.read_small_file': ('usage.html#read_small_file', 'apex3/usage.py'),
                              'apex3.usage.run_command': ('usage.html#run_command', 'apex3/usage.py'),
                              'apex3.usage.utf8_text': ('usage.html#utf8_text', 'apex3/usage.py'),
                              'apex3.usage.warn_once': ('usage.html#warn_once', 'apex3/usage.py')}}}

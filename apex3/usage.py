@@ -4,7 +4,8 @@
 
 # %% auto #0
 __all__ = ['INT_MAX', 'STORAGE_ERRNOS', 'GiB', 'UsageError', 'ArgParser', 'in_range', 'utf8_text', 'header_text', 'run_command',
-           'is_fs_error', 'os_error_line', 'probe_writable', 'free_port', 'warn_once', 'load_target', 'commands_usage']
+           'is_fs_error', 'os_error_line', 'probe_writable', 'read_small_file', 'free_port', 'warn_once', 'load_target',
+           'commands_usage']
 
 # %% ../nbs/000_usage.ipynb #6c0ec4ff
 import argparse, errno, importlib, math, os, re, sys, tempfile
@@ -117,6 +118,19 @@ def _silence_stdout():
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError): pass   # no real stdout (a notebook, a test capture): nothing to silence
+
+# %% ../nbs/000_usage.ipynb #6c139ba1
+import stat
+
+def read_small_file(path, limit: int, flag: str) -> bytes:
+    "The bytes of the regular file `path`, at most `limit` of them; anything else is a `UsageError` naming `flag`."
+    try: fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e: raise UsageError(f'{flag} {path}: {e.strerror}') from None
+    with open(fd, 'rb') as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode): raise UsageError(f'{flag} {path}: not a regular file')
+        data = f.read(limit + 1)
+    if len(data) > limit: raise UsageError(f'{flag} {path}: larger than {limit:,} bytes')
+    return data
 
 # %% ../nbs/000_usage.ipynb #fp0rt0ex
 def free_port() -> int:

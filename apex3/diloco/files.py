@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as st_save, load as st_load
 from ..usage import UsageError
+from ..settings import listen_address
 from ..ckpt import SUMS, fsync_dir, replace_file, write_sums, write_synced, verify_checkpoint
 from .core import SCALE, expected_encoding, payload_bytes, mean_of
 
@@ -123,8 +124,7 @@ def make_peer(spec: str):
 # %% ../../nbs/41_diloco_files.ipynb #d1fa117c
 def serve_dir(root, listen: str) -> ThreadingHTTPServer:
     "Serve `root` read-only on `HOST:PORT` (port 0: any free one) from a daemon thread; returns the server."
-    host, _, port = listen.rpartition(':')
-    if not host or not port.isdigit(): raise UsageError(f'--diloco-listen is HOST:PORT, not {listen!r}')
+    host, port = listen_address(listen)
     root = Path(root).resolve()
 
     class Handler(BaseHTTPRequestHandler):
@@ -147,7 +147,7 @@ def serve_dir(root, listen: str) -> ThreadingHTTPServer:
         def do_GET(self): self._answer(True)
         def do_HEAD(self): self._answer(False)
 
-    try: srv = ThreadingHTTPServer((host, int(port)), Handler)
+    try: srv = ThreadingHTTPServer((host, port), Handler)
     except OSError as e: raise UsageError(f'--diloco-listen {listen}: {e.strerror}') from None
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True, name='diloco-http').start()

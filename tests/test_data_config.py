@@ -12,8 +12,8 @@ text_ok = lambda v: isinstance(v, str) and v.strip() != ''
 strs_ok = lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)
 # (table, key) -> does the value do; the keys a typo must not hit
 ACCEPTS = {('pipeline', 'workers'): valid_int(1, 1024), ('pipeline', 'downloads'): valid_int(1, 64),
-           ('source', 'shards'): valid_int(1, 65536), ('source', 'max_line_bytes'): valid_int(1),
-           ('source', 'max_doc_bytes'): valid_int(1), ('source', 'max_json_depth'): valid_int(1, 500),
+           ('source', 'shards'): valid_int(1, 65536), ('source', 'max_line_bytes'): valid_int(1, 32 << 20),
+           ('source', 'max_doc_bytes'): valid_int(1, 32 << 20), ('source', 'max_json_depth'): valid_int(1, 500),
            ('source', 'text_key'): text_ok, ('source', 'stages'): strs_ok, ('source', 'extensions'): strs_ok,
            ('tokenize', 'vocab_size'): valid_int(256, 1 << 22), ('tokenize', 'sample_bytes'): valid_int(1),
            ('long', 'enabled'): lambda v: type(v) is bool, ('tokenize', 'enabled'): lambda v: type(v) is bool,

@@ -16,13 +16,13 @@ from .identity import (StaleTasks, identity_of, identity_path, marker_identity, 
 
 
 # %% auto #0
-__all__ = ['ZST_MAX_RATIO', 'LOCK', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document',
-           'without_surrogates', 'current_umask', 'atomic_write_bytes', 'write_jsonl_zst', 'DamagedFile', 'read_zst',
-           'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'Step', 'TaskContext', 'Stage',
-           'marker_path', 'is_done', 'run_task', 'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards',
-           'write_task_outputs', 'MapStage', 'FolderBusy', 'holding', 'Executor', 'remove_stale_temps',
-           'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor',
-           'stdlib_files']
+__all__ = ['ZST_PIECE', 'MAX_DOC_BYTES', 'MAX_SHARD_LINE', 'LOCK', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD',
+           'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes', 'write_jsonl_zst',
+           'DamagedFile', 'zst_pieces', 'read_zst', 'zst_lines', 'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs',
+           'read_docs', 'whole', 'number', 'Step', 'TaskContext', 'Stage', 'marker_path', 'is_done', 'run_task',
+           'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs', 'MapStage',
+           'FolderBusy', 'holding', 'Executor', 'remove_stale_temps', 'die_with_parent', 'WorkerDied',
+           'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -112,51 +112,72 @@ def write_jsonl_zst(path, rows: Iterable[str | bytes]) -> int:
     atomic_write_bytes(path, zstandard.ZstdCompressor(level=3).compress(data))
     return len(rows)
 
-ZST_MAX_RATIO = 256   # a frame claiming more than this many times its file's size is streamed, not allocated at once
+ZST_PIECE = 1 << 10   # compressed bytes decompressed per call: at most ~32 MiB of output (zstandard's top ratio)
+MAX_DOC_BYTES = 32 << 20    # the longest document text and input line a config may ask for (ingest, repository packs)
+MAX_SHARD_LINE = 256 << 20  # a shard's longest line: such a document JSON-escaped (a control character is six bytes)
 
 class DamagedFile(OSError):
-    """A file whose bytes are not what a writer wrote (zstandard data cut short or garbled): an `OSError` naming the
-    file, so a command says it in one line, exit 2, as it does a file it cannot read. Made as `OSError` is (errno,
-    what, path), so it pickles back from a pool worker."""
+    """A file whose bytes are not what a writer wrote (zstandard data cut short or garbled, a line no writer makes):
+    an `OSError` naming the file, so a command says it in one line, exit 2, as it does a file it cannot read. Made as
+    `OSError` is (errno, what, path), so it pickles back from a pool worker."""
 
-def read_zst(path) -> bytes:
-    """The content of a zstandard-compressed file, whole (a shard is read whole: stages write shards of bounded size).
-    One frame that states its size, as `write_jsonl_zst` writes, is decompressed in one call, a third of a stream's
-    cost; anything else (several frames, as `cat a.zst b.zst` makes, no size, a size beyond reason) goes frame by
-    frame. A file cut short or garbled is a `DamagedFile`, as `zstd -d` refuses it, never a short read."""
-    data, z = Path(path).read_bytes(), zstandard.ZstdDecompressor()
+def zst_pieces(path) -> Iterator[bytes]:
+    """The content of a zstandard-compressed file in pieces, each from at most `ZST_PIECE` compressed bytes, frame by
+    frame (several frames, as `cat a.zst b.zst` makes, are one content): memory stays bounded whatever a frame claims,
+    and the calls cost no more than one call for the whole file. A file cut short or garbled is a `DamagedFile`, as
+    `zstd -d` refuses it, never a short read."""
+    data, z, frame = memoryview(Path(path).read_bytes()), zstandard.ZstdDecompressor(), None
     try:
-        # (a first frame of size 0 returns at once, whatever follows: zstandard does not look for a second)
-        if 0 < zstandard.frame_content_size(data) <= ZST_MAX_RATIO * len(data):
-            return z.decompress(data, allow_extra_data=False)  # a second frame raises: read frame by frame below
-    except zstandard.ZstdError: pass  # a damaged file too: the frames below say what is wrong
-    out = []
-    try:
-        while data:
-            frame = z.decompressobj()
-            out.append(frame.decompress(data))
-            if not frame.eof:
-                raise DamagedFile(errno.EBADMSG, 'zstandard data cut short (the file ends inside a frame)', str(path))
-            data = frame.unused_data
+        for at in range(0, len(data), ZST_PIECE):
+            chunk = data[at:at + ZST_PIECE]
+            while chunk:
+                frame = frame or z.decompressobj()
+                if out := frame.decompress(chunk): yield out
+                chunk, frame = (frame.unused_data, None) if frame.eof else (b'', frame)
     except zstandard.ZstdError as e:
         raise DamagedFile(errno.EBADMSG, f'damaged zstandard data ({e})', str(path)) from None
-    return b''.join(out)
+    if frame is not None:
+        raise DamagedFile(errno.EBADMSG, 'zstandard data cut short (the file ends inside a frame)', str(path))
+
+def read_zst(path) -> bytes:
+    "The content of a zstandard-compressed file, whole (`zst_pieces` joined)."
+    return b''.join(zst_pieces(path))
+
+def zst_lines(path, max_line_bytes=MAX_SHARD_LINE) -> Iterator[bytes]:
+    """The lines of a zstandard-compressed file (without their newlines), read while it is decompressed: memory holds
+    one line and one piece, never the whole content. A line longer than `max_line_bytes` (no stage writes one: a
+    decompression bomb) is a `DamagedFile` as soon as it passes the bound."""
+    part, size = [], 0   # the pieces of the line not yet ended
+    for out in zst_pieces(path):
+        lines = out.split(b'\n')
+        for line in lines[:-1]:
+            if part: line, part, size = b''.join(part) + line, [], 0
+            if len(line) > max_line_bytes: break
+            yield line
+        else:
+            part.append(lines[-1])
+            size += len(lines[-1])
+            if size <= max_line_bytes: continue
+        raise DamagedFile(errno.EBADMSG, f'a line longer than {max_line_bytes} bytes: not a shard a stage wrote '
+                          '(a decompression bomb?)', str(path))
+    if part: yield b''.join(part)
 
 def read_jsonl_zst(path) -> Iterator[str]:
     "Lines of a zstandard-compressed JSONL file, blank and all-space lines skipped."
-    text = read_zst(path).decode('utf-8', 'surrogatepass')
-    yield from (l for l in text.split('\n') if l and not l.isspace())
+    yield from (l for l in (b.decode('utf-8', 'surrogatepass') for b in zst_lines(path)) if l and not l.isspace())
+
+def _not_blank(l) -> bool:
+    "A line that starts with `{` is not all space; another is decoded to ask (`str.isspace` knows more than ASCII's)."
+    return l[:1] == b'{' or (l and not l.decode('utf-8', 'surrogatepass').isspace())
 
 def read_jsonl_zst_bytes(path) -> list:
-    """`read_jsonl_zst`'s lines as UTF-8 bytes, the shard not decoded: for a stage that copies lines as they are.
-    A line that starts with `{` is not all space; another is decoded to ask (`str.isspace` knows more than ASCII's)."""
-    return [l for l in read_zst(path).split(b'\n')
-            if l[:1] == b'{' or (l and not l.decode('utf-8', 'surrogatepass').isspace())]
+    "`read_jsonl_zst`'s lines as UTF-8 bytes, the shard not decoded: for a stage that copies lines as they are."
+    return list(filter(_not_blank, zst_lines(path)))
 
 def write_docs(path, docs: Iterable[Document]) -> int: return write_jsonl_zst(path, (d.json_bytes() for d in docs))
 def read_docs(path) -> Iterator[Document]:
     "The documents of a shard, parsed from its byte lines (decoding the shard to text first made this 1.8× as slow)."
-    for i, line in enumerate(read_jsonl_zst_bytes(path), 1):
+    for i, line in enumerate(filter(_not_blank, zst_lines(path)), 1):  # one by one: a bad first line ends the read
         try: doc = Document.from_json(line)
         except (ValueError, RecursionError) as e:   # a stage's input is what a stage or ingest wrote: this is not
             raise DamagedFile(errno.EBADMSG, f'line {i}: {str(e)[:100]} (ingest turns any JSONL into documents)',
@@ -164,9 +185,23 @@ def read_docs(path) -> Iterator[Document]:
         yield doc
 
 # %% ../../nbs/50_data.ipynb #5d7a26e1
+def whole(lo, hi=None) -> tuple:
+    "(what, ok) of an integer from `lo` (to `hi`): the rule of a config key or a step parameter, said and checked."
+    what = f'an integer >= {lo}' if hi is None else f'an integer from {lo} to {hi}'
+    return what, lambda v: type(v) is int and v >= lo and (hi is None or v <= hi)
+
+def number(lo, hi=None) -> tuple:
+    "(what, ok) of a finite number (an integer will do) from `lo` (to `hi`)."
+    what = f'a number >= {lo:g}' if hi is None else f'a number from {lo:g} to {hi:g}'
+    return what, lambda v: type(v) in (int, float) and math.isfinite(v) and v >= lo and (hi is None or v <= hi)
+
 class Step:
-    "A document step: subclasses implement `keep(doc) -> Document | str` (a string is the reason to remove it)."
+    """A document step: subclasses implement `keep(doc) -> Document | str` (a string is the reason to remove it).
+    `limits` gives each constructor parameter with a range its rule (`whole`, `number`): a config and `--set` are
+    checked against it before any work, since a value out of range (an n-gram of 0 words, a minimum below zero)
+    type-checks and quietly removes every document, or none."""
     name = 'step'
+    limits: dict = {}
     def keep(self, doc: Document): return doc
     def setup(self, ctx): "Called once per task before the first document; `ctx` is the `TaskContext`."
     def __call__(self, docs: Iterable[Document], ctx) -> Iterator[Document]:
@@ -446,14 +481,24 @@ def _worker_init(parent, started, die):
     (unless the environment names a size); with `die`, end when `parent` ends; at exit, end at once. It imports numpy
     now, while it waits for its first task: the stages' arrays need it, and its import (about 50 ms) would otherwise
     make this worker's first task start that much after this process's."""
-    import atexit
+    import atexit, signal
     global _STARTED
     _STARTED = started
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle: it ends its workers
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # blocked since its start (`_block_interrupts`)
     for k in _NATIVE_POOLS: os.environ.setdefault(k, '1')
     import numpy  # after the sizes of its native pools are set
     keep_freed_memory()
     if die: die_with_parent(parent)
     atexit.register(_end_at_once)  # last: a worker whose start failed ends as usual, with its status
+
+def _block_interrupts():
+    """The feeder thread's initializer: block SIGINT in the thread that starts the pool's processes, so that each
+    starts with it blocked (a signal mask passes through fork and exec). A Ctrl-C to the process group while a worker
+    is still starting Python would otherwise end it with a `Fatal Python error` of many lines, before it can ignore
+    the signal; the kernel hands the signal to a thread that does not block it, this process's main thread."""
+    import signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 def _started_up():
     "A pool worker's first call (`LocalExecutor.start`): nothing; starting the worker is the point."
@@ -523,7 +568,7 @@ class LocalExecutor(Executor):
                                                 initargs=(os.getpid(), self._started, self.die))
             # the thread that hands the pool its tasks starts its processes, and the kernel's parent-death signal
             # follows the thread that started a process: it lives as long as the pool
-            self._feeder = cf.ThreadPoolExecutor(1, thread_name_prefix='apex3-feeder')
+            self._feeder = cf.ThreadPoolExecutor(1, thread_name_prefix='apex3-feeder', initializer=_block_interrupts)
         return self._pool
     def _drain(self) -> dict:
         "{worker pid: (stage name, task)} of the task each worker started last."
@@ -531,8 +576,11 @@ class LocalExecutor(Executor):
             pid, name, i = self._started.get()
             self._running[pid] = (name, i)
         return self._running
-    def close(self):
+    def close(self, now=False):
+        "End the pool: after its running tasks, or `now` (Ctrl-C: the workers ignore it) with SIGTERM."
         if self._pool is not None:
+            if now:
+                for p in list((getattr(self._pool, '_processes', None) or {}).values()): p.terminate()
             self._pool.shutdown(cancel_futures=True)
             self._feeder.shutdown()
             self._pool = self._feeder = None
@@ -581,8 +629,8 @@ class LocalExecutor(Executor):
                 started = self._drain()
                 self.close()
                 raise WorkerDied(worker_died_line(stage, {p: x.exitcode for p, x in procs.items()}, started)) from None
-            except BaseException:  # a failed task must not leave a broken pool behind
-                self.close()
+            except BaseException as e:  # a failed task must not leave a broken pool behind
+                self.close(now=isinstance(e, KeyboardInterrupt))
                 raise
         bar.close()
         return [run_task(stage, i) for i in range(stage.n_tasks())]  # all markers exist now: this only reads them

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gzip, json, re
 from dataclasses import dataclass
 import numpy as np
-from .core import Document, Step
+from .core import Document, Step, whole
 
 # %% auto #0
 __all__ = ['WORD_RE', 'FNV_PRIME', 'words_lower', 'mix64', 'ngram_hashes', 'span_hashes', 'word_spans', 'text_word_hashes',
@@ -128,6 +128,7 @@ def _hits(b: Benchmark, h: np.ndarray) -> np.ndarray:
 class Decontaminate(Step):
     "Drop (or flag) documents sharing an n-gram with any benchmark item."
     name = 'decontaminate'
+    limits = dict(n=whole(1), policy=('drop or flag', lambda v: v in ('drop', 'flag')))
     def __init__(self, benchmarks=None, n=13, policy='drop'):
         if policy not in ('drop', 'flag'): raise ValueError(f"policy must be 'drop' or 'flag', not {policy!r}")
         if benchmarks is None: benchmarks = [Benchmark.from_texts('humaneval', humaneval_prompts(), n)]

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, in_range, is_fs_error, os_error_line, probe_writable
 from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, FolderBusy, DamagedFile, list_shards,
-                             read_docs, read_jsonl_zst, atomic_write_bytes)
+                             read_docs, read_jsonl_zst, atomic_write_bytes, whole, MAX_DOC_BYTES)
 from .identity import StaleTasks, read_marker
 from .ingest import Source, IngestStage, open_binary
 from .clean import GopherQuality, GopherRepetition, C4Lines, FineWebQuality, CodeQuality
@@ -24,16 +24,20 @@ from .download import DownloadStage, run_downloads
 
 # %% auto #0
 __all__ = ['STEPS', 'KINDS', 'MAX_WORKERS', 'SCHEMA', 'SOURCE_KEYS', 'TOKENIZE_DEFAULTS', 'LONG_DEFAULTS', 'STAGE_HEADER',
-           'DEDUP_WORK_PER_BYTE', 'PACKED', 'ESTIMATE_MARGIN', 'make_step', 'installed', 'config_errors', 'load_config',
-           'source_of', 'source_stages', 'section', 'tokenizes', 'pipeline_stages', 'stage_row', 'run_pipeline',
-           'bytes_per_token', 'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes', 'check_space', 'fs_error_line',
-           'check_writable', 'data_main', 'check_resumable', 'final_docs', 'all_rejects', 'output_files']
+           'DEDUP_WORK_PER_BYTE', 'PACKED', 'ESTIMATE_MARGIN', 'make_step', 'installed', 'step_errors', 'config_errors',
+           'load_config', 'source_of', 'source_stages', 'section', 'tokenizes', 'pipeline_stages', 'stage_row',
+           'run_pipeline', 'bytes_per_token', 'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes', 'check_space',
+           'fs_error_line', 'check_writable', 'data_main', 'check_resumable', 'final_docs', 'all_rejects',
+           'output_files']
 
 # %% ../../nbs/5b_pipeline.ipynb #0c26d649
 def _decontaminate(policy='drop', n=13, humaneval=True, extra_jsonl=(), field='prompt'):
     b = [Benchmark.from_texts('humaneval', humaneval_prompts(), n)] if humaneval else []
     b += [Benchmark.from_texts(Path(p).name.split('.')[0], jsonl_prompts(p, field), n) for p in extra_jsonl]
     return Decontaminate(b, n, policy)
+_decontaminate.limits = {**Decontaminate.limits, 'field': ('a non-empty string', lambda v: v != ''),
+                         'extra_jsonl': ('a list of JSONL files',
+                                         lambda v: all(isinstance(x, str) and os.path.isfile(x) for x in v))}
 
 STEPS = {
     'gopher_quality': GopherQuality,
@@ -54,10 +58,6 @@ def make_step(name, params):
 # %% ../../nbs/5b_pipeline.ipynb #cfgval0a
 KINDS = ('jsonl', 'parquet', 'text', 'repo')
 
-def _int(lo, hi=None) -> tuple:
-    what = f'an integer >= {lo}' if hi is None else f'an integer from {lo} to {hi}'
-    return what, lambda v: type(v) is int and v >= lo and (hi is None or v <= hi)
-
 _STR = ('a non-empty string', lambda v: isinstance(v, str) and v.strip() != '')
 _STRS = ('a list of strings', lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
 _BOOL = ('true or false', lambda v: type(v) is bool)
@@ -65,13 +65,14 @@ _BOOL = ('true or false', lambda v: type(v) is bool)
 MAX_WORKERS = 1024   # local processes a run may ask for: in a config and as --workers
 
 SCHEMA = {
-    'pipeline': {'out': _STR, 'workers': _int(1, MAX_WORKERS), 'downloads': _int(1, 64)},
+    'pipeline': {'out': _STR, 'workers': whole(1, MAX_WORKERS), 'downloads': whole(1, 64)},
     'source': {'name': _STR, 'kind': _STR, 'path': _STR, 'url': _STR, 'urls': _STRS, 'sha256': _STRS, 'manifest': _STR,
-               'shards': _int(1, 1 << 16), 'text_key': _STR, 'extensions': _STRS, 'exclude': _STRS,
-               'max_line_bytes': _int(1), 'max_doc_bytes': _int(1), 'max_json_depth': _int(1, 500), 'stages': _STRS},
-    'params': {},  # checked against each step's signature
-    'tokenize': {'enabled': _BOOL, 'vocab_size': _int(256, 1 << 22), 'sample_bytes': _int(1), 'tokenizer_json': _STR},
-    'long': {'enabled': _BOOL, 'min_tokens': _int(1)},
+               'shards': whole(1, 1 << 16), 'text_key': _STR, 'extensions': _STRS, 'exclude': _STRS,
+               'max_line_bytes': whole(1, MAX_DOC_BYTES), 'max_doc_bytes': whole(1, MAX_DOC_BYTES),
+               'max_json_depth': whole(1, 500), 'stages': _STRS},
+    'params': {},  # checked against each step's signature and limits
+    'tokenize': {'enabled': _BOOL, 'vocab_size': whole(256, 1 << 22), 'sample_bytes': whole(1), 'tokenizer_json': _STR},
+    'long': {'enabled': _BOOL, 'min_tokens': whole(1)},
 }
 
 def _show(v) -> str:
@@ -137,22 +138,26 @@ def _same_type(v, default) -> bool:
     if isinstance(default, (tuple, list)): return isinstance(v, list)
     return isinstance(v, type(default))
 
+def step_errors(name, p, where) -> list:
+    """Problems of the parameters `p` of step `name`, each named `where` + its key: keys the step does not take,
+    values of the wrong type or out of the step's `limits`. A config's `[params.STEP]` and a stage's `--set` alike."""
+    sig, limits = inspect.signature(STEPS[name]).parameters, getattr(STEPS[name], 'limits', {})
+    errs = []
+    for key, v in p.items():
+        if key not in sig: errs.append(f"{where}{key}: unknown parameter (known: {', '.join(sig)})")
+        elif not _same_type(v, sig[key].default):
+            errs.append(f'{where}{key}: {_show(v)} is not of the type of {_show(sig[key].default)}')
+        elif key in limits and not limits[key][1](v): errs.append(f'{where}{key}: {_show(v)} is not {limits[key][0]}')
+    return errs
+
 def _params_errors(params) -> list:
-    "Problems of `[params.STEP]` tables: unknown steps, keys the step does not take, values of the wrong type."
+    "Problems of `[params.STEP]` tables: unknown steps, and each step's `step_errors`."
     if not isinstance(params, dict): return [f'params: {_show(params)} is not a table']
     errs = []
     for name, p in params.items():
-        if name not in STEPS:
-            errs.append(f"params.{name}: unknown step (choose from {', '.join(STEPS)})")
-            continue
-        if not isinstance(p, dict):
-            errs.append(f'params.{name}: {_show(p)} is not a table')
-            continue
-        sig = inspect.signature(STEPS[name]).parameters
-        for key, v in p.items():
-            if key not in sig: errs.append(f"params.{name}.{key}: unknown parameter (known: {', '.join(sig)})")
-            elif not _same_type(v, sig[key].default):
-                errs.append(f'params.{name}.{key}: {_show(v)} is not of the type of {_show(sig[key].default)}')
+        if name not in STEPS: errs.append(f"params.{name}: unknown step (choose from {', '.join(STEPS)})")
+        elif not isinstance(p, dict): errs.append(f'params.{name}: {_show(p)} is not a table')
+        else: errs += step_errors(name, p, f'params.{name}.')
     return errs
 
 def config_errors(cfg, base) -> list:
@@ -367,13 +372,15 @@ def _executor(a):
     if a.executor == 'ray': return RayExecutor(a.ray_address, a.workers, restart=a.restart)
     return LocalExecutor(a.workers or 1, restart=a.restart)
 
-def _set_params(pairs) -> dict:
+def _set_params(step, pairs) -> dict:
+    "The parameters of `--set KEY=VALUE ...` (a value as TOML, else as text), checked as a config's `[params.STEP]`."
     out = {}
     for p in pairs:
         if '=' not in p: raise UsageError(f'--set expects KEY=VALUE, got {p!r}')
         k, v = p.split('=', 1)
         try: out[k] = tomllib.loads(f'x = {v}')['x']
         except tomllib.TOMLDecodeError: out[k] = v
+    if errs := step_errors(step, out, '--set '): raise UsageError('; '.join(errs))
     return out
 
 def fs_error_line(e: OSError) -> str:
@@ -458,7 +465,7 @@ def _data_main(argv):
                                                                     'would replace the input')
     check_writable(out)
     stages = dedup_stages(src, Path(out)/'.dedup_work', out) if a.what == 'dedup' else \
-             [MapStage(a.what, src, out, [make_step(a.what, {a.what: _set_params(a.set)})])]
+             [MapStage(a.what, src, out, [make_step(a.what, {a.what: _set_params(a.what, a.set)})])]
     check_resumable(stages[-1])
     ex = _executor(a)
     try:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import re
 from pathlib import PurePosixPath
-from .core import Document, Step
+from .core import Document, Step, whole, MAX_DOC_BYTES
 
 # %% auto #0
 __all__ = ['IMPORT_RE', 'REPO_NAME', 'FILE_SEP', 'module_names', 'imports_of', 'order_files', 'pack_parts', 'RepoPack']
@@ -77,6 +77,7 @@ def _path(d) -> str: return p if isinstance(p := d.meta.get('path'), str) else d
 class RepoPack(Step):
     "Group documents per repository, order by imports, write `<repo_name>`/`<file_sep>` packs under size caps."
     name = 'repopack'
+    limits = dict(max_pack_bytes=whole(1, MAX_DOC_BYTES), max_file_bytes=whole(1, MAX_DOC_BYTES))
     def __init__(self, max_pack_bytes=1 << 20, max_file_bytes=256 << 10):
         self.max_pack_bytes, self.max_file_bytes = max_pack_bytes, max_file_bytes
     def __call__(self, docs, ctx):

@@ -93,6 +93,10 @@ def rates(recs) -> dict:
         if o['dedup_in'] or o['decon_in']
     }
 
+def _table_or_none(df) -> str:
+    "A table's text, or `  none` for a table without rows (pandas would print `Empty DataFrame` and its columns)."
+    return df.to_string(index=False) if len(df) else '  none'
+
 def summary(out, recs=None) -> str:
     "A text report of a run: tokens per source, removals, rates, throughput."
     recs = recs if recs is not None else load_markers(out)
@@ -100,7 +104,7 @@ def summary(out, recs=None) -> str:
     tokens = ('tokens per source:\n' + token_stats(out).to_string(index=False) if Path(out, 'tokens').is_dir()
               else 'tokenization is off ([tokenize] enabled = false): no token shards')
     return '\n\n'.join([tokens,
-                        'removals:\n' + removals(recs).to_string(index=False),
+                        'removals:\n' + _table_or_none(removals(recs)),
                         'rates:\n' + json.dumps(rates(recs), indent=1),
                         'throughput (per core):\n' + throughput(recs).round(2).to_string(index=False)])
 

@@ -282,8 +282,8 @@ def run_pipeline(cfg, executor=None, log=print, restart=False) -> list:
     stage. Tasks finished with other parameters or inputs are refused (`StaleTasks`), or with `restart` redone."""
     ex = executor or LocalExecutor(cfg['pipeline'].get('workers', 1), restart=restart)
     recs = []
-    log(STAGE_HEADER)
     try:
+        log(STAGE_HEADER)   # (a closed pipe here too ends the pool's starting workers before this process goes)
         for st in pipeline_stages(cfg):
             t0 = time.perf_counter()
             dl = isinstance(st, DownloadStage)

@@ -123,7 +123,7 @@ def out_of_memory_line(name, e) -> str:
     "What ran out (the GPU's memory or the host's), what torch said of it, and what to make smaller."
     where = 'the GPU' if _gpu_out_of_memory(e) else 'host memory'
     said = re.sub(r'^\[enforce fail at [^]]*\] err == 0\. ', '', (str(e).strip().splitlines() or [''])[0])[:160]
-    return f'{where} ran out ({said or type(e).__name__}): {SMALLER.get(name, "ask for less")}'
+    return f'{where} ran out ({said or type(e).__name__}): {SMALLER.get(name, "a smaller model, batch or length")}'
 
 def probe_writable(folder):
     "Create `folder` (and its parents) and a file in it: an `OSError` before any work, not after the work that writes."

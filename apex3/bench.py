@@ -5,8 +5,9 @@
 # %% auto #0
 __all__ = ['KERNEL_KINDS', 'ALLOCATOR_COUNTS', 'random_tokens', 'copy_gbs', 'measure_link', 'kernel_kind', 'overlap_s', 'span_s',
            'exposure', 'kernel_spans', 'profile_phase', 'allocator_counts', 'phase_memory', 'bench', 'HostWatchdog',
-           'bench_main', 'main', 'toy_steps', 'tiny_run', 'h200_records', 'h200_table', 'alloc_retries',
-           'plot_memory_phases', 'host_parts', 'plot_host_breakdown', 'plot_predicted_vs_measured', 'masters_pair']
+           'probe_appendable', 'bench_main', 'main', 'toy_steps', 'tiny_run', 'h200_records', 'h200_table',
+           'alloc_retries', 'plot_memory_phases', 'host_parts', 'plot_host_breakdown', 'plot_predicted_vs_measured',
+           'masters_pair']
 
 # %% ../nbs/25_bench.ipynb #84e65c23
 import sys
@@ -19,7 +20,7 @@ if __name__ == '__main__' and not hasattr(sys, 'ps1') and (rc := run_command('be
 # %% ../nbs/25_bench.ipynb #55058469
 import contextlib, dataclasses, logging, math, os, statistics, threading, time
 import torch
-from .usage import UsageError
+from .usage import UsageError, probe_writable
 from .config import param_counts, get_config
 from .records import append_records, device_peak_tflops, load_records, records_path, GiB
 from .optim import fused_here, build_optimizer
@@ -315,12 +316,19 @@ class HostWatchdog:
     def close(self): self.done.set()
 
 # %% ../nbs/25_bench.ipynb #e51edbbd
+def probe_appendable(path):
+    "An `OSError` now where `append_records` could not append to `path` later: its folder, and the file if it exists."
+    probe_writable(os.path.dirname(path))
+    if os.path.exists(path): open(path, 'a').close()   # appends nothing: a folder or a read-only file says so here
+
 def bench_main(argv=None):
     "`apex3 bench` / `python -m apex3.bench`: run the benchmark, print the record, append it to --json."
     a = bench_parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format='%(message)s')
     s, b = bench_settings(a)
-    if b.json: b = dataclasses.replace(b, json=os.path.abspath(b.json))   # the user's folder, not records/
+    if b.json:
+        b = dataclasses.replace(b, json=os.path.abspath(b.json))   # the user's folder, not records/
+        probe_appendable(b.json)   # an unwritable --json fails here, not after the benchmark it would record
     rec = bench(s, b)
     keys = ('micro_s_median', 'mfu_at_batch', 'tokens_per_s', 'offloaded_tensors', 'offloaded_gib', 'overflow_gib',
             'peak_gpu_gib', 'host_pinned_gib', 'fetched_gib', 'fetched_late', 'optimizer_s',

@@ -9,7 +9,7 @@ __all__ = ['ATTN_BACKENDS', 'BIAS_UPDATES', 'CONFIGS', 'ModelConfig', 'check_con
 # %% ../nbs/09_config.ipynb #2ac8ce17
 import math
 from dataclasses import dataclass, fields, replace
-from .usage import UsageError
+from .usage import INT_MAX, UsageError
 
 # %% ../nbs/09_config.ipynb #7a1c9e94
 ATTN_BACKENDS = ('auto', 'fa3', 'flex', 'varlen', 'sdpa', 'reference')
@@ -55,6 +55,8 @@ def check_config(c):
         need(getattr(c, k) >= 1, f'{k}={getattr(c, k)} must be at least 1')
     for f in fields(c):   # NaN or infinity in a knob would reach the loss, not an error
         if isinstance(v := getattr(c, f.name), float): need(math.isfinite(v), f'{f.name}={v} must be a finite number')
+        # torch takes a size as a C int64: past it, building the model ends in a C++ stack, not an error
+        if isinstance(v, int): need(abs(v) <= INT_MAX, f'{f.name}={v} is past the largest whole number torch takes')
     for k in ('rope_theta', 'norm_eps', 'init_std'): need(getattr(c, k) > 0, f'{k}={getattr(c, k)} must be above 0')
     for k in ('router_bias_rate', 'seq_aux_alpha'): need(getattr(c, k) >= 0, f'{k}={getattr(c, k)} must be >= 0')
     need(c.n_heads % c.n_kv_heads == 0, f'n_heads={c.n_heads} must be a multiple of n_kv_heads={c.n_kv_heads}')

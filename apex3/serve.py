@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from .agent.chat import CHAT_TEMPLATE, StreamParser, held_back, render_chat
-from .generate_cli import DEVICE_HELP
+from .generate_cli import DEVICE_HELP, add_max_len, too_long
 from .serve_requests import (MAX_BODY, BadRequest, Params, error_body, parse_messages, parse_params,
                                   parse_prompts, parse_tools)
 from .usage import ArgParser, UsageError, header_text, in_range, run_command
@@ -178,9 +178,8 @@ class Batcher:
 
     def check(self, n, params, at_least=False):
         "A `BadRequest` unless a prompt of `n` tokens (`at_least`: `n` or more) and its `max_tokens` fit a row."
-        if (need := n + params.max_tokens) > self.max_len:
-            raise BadRequest(f'the prompt and max_tokens need {"at least " * at_least}{need} positions; this server '
-                             f'holds {self.max_len}', param='max_tokens')
+        if why := too_long(n, params.max_tokens, self.max_len, 'max_tokens', 'this server holds', at_least):
+            raise BadRequest(why, param='max_tokens')
 
     def submit(self, job):
         self.check(len(job.ids), job.params)
@@ -759,8 +758,7 @@ def serve_parser():
     p.add_argument('--device', default=None, help=DEVICE_HELP)
     p.add_argument('--max-batch', type=in_range(int, 1, 1024), default=8,
                    help='concurrent requests decoded together at most (default: %(default)s)')
-    p.add_argument('--max-len', type=in_range(int, 2, 1 << 20), default=2048,
-                   help='positions of a prompt and its reply together (default: %(default)s)')
+    add_max_len(p, 'its reply')
     p.add_argument('--max-body', type=in_range(int, 1024, 1 << 30), default=MAX_BODY,
                    help='bytes of a request body at most (default: %(default)s)')
     p.add_argument('--body-timeout', type=in_range(float, 0, 3600, low_open=True), default=BODY_TIMEOUT,

@@ -6,7 +6,8 @@
 __all__ = ['PROBE_FILE_BYTES', 'Dist', 'init_distributed', 'global_mean', 'sync_expert_loads', 'TrainRun', 'build_run',
            'discard_step', 'doc_overflow_count', 'warn_doc_overflow', 'warn_repeats', 'train_step', 'val_losses',
            'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'load_probe', 'arith_probe_file', 'probe_answers',
-           'probe_accuracy', 'host_rss_gib', 'memory_stats', 'train', 'loop', 'checkpoint_model', 'train_main', 'main']
+           'probe_accuracy', 'host_rss_gib', 'memory_stats', 'train', 'loop', 'checkpoint_model', 'shape_misfit',
+           'train_main', 'main']
 
 # %% ../nbs/70_train.ipynb #09bc9f7d
 import sys
@@ -389,15 +390,30 @@ def checkpoint_model(path, device='cpu'):
     "The model a checkpoint holds, unsharded, built from the flags it was written with (`UsageError` if they misfit)."
     from apex3.ckpt import load_checkpoint
     from apex3.model import Transformer
+    from apex3.usage import is_out_of_memory
     ck = load_checkpoint(path, ['model', 'args'])
+    misfit = f'{path}: its model does not fit the flags it was written with'
     try:
-        s = run_settings(trainer_settings(argparse.Namespace(**ck['args'])))
-        with torch.device(device): model = Transformer(run_config(s))
+        cfg = run_config(run_settings(trainer_settings(argparse.Namespace(**ck['args']))))
+        # the flags decide the model's size: their shapes, on the meta device (no memory), are held against the
+        # tensors first, so flags that lie (config C beside a tiny model) build nothing
+        with torch.device('meta'): want = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+        if why := shape_misfit(want, ck['model']): raise UsageError(f'{misfit}: {why}')
+        with torch.device(device): model = Transformer(cfg)
         model.load_state_dict(ck['model'])
     except (RuntimeError, KeyError, AttributeError, TypeError) as e:
-        why = str(e).strip().splitlines()[0][:200]
-        raise UsageError(f'{path}: its model does not fit the flags it was written with: {why}') from None
+        if is_out_of_memory(e): raise   # flags that fit, on a host too small for them: `run_command` says so
+        raise UsageError(f'{misfit}: {str(e).strip().splitlines()[0][:200]}') from None
     return model
+
+def shape_misfit(want: dict, tensors) -> str | None:
+    "Where state dict `tensors` differs from `want` (name -> shape): a parameter missing, extra or reshaped; or None."
+    have = {k: tuple(getattr(v, 'shape', ())) for k, v in tensors.items()}
+    if bad := [k for k in want if k in have and want[k] != have[k]]:
+        return f'{bad[0]} is {have[bad[0]]}, the flags make {want[bad[0]]} ({len(bad)} tensors are shaped otherwise)'
+    if missing := [k for k in want if k not in have]: return f'it lacks {missing[0]} ({len(missing)} missing)'
+    if extra := [k for k in have if k not in want]: return f'it has {extra[0]}, which the flags make no place for'
+    return None
 
 
 

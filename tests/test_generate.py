@@ -69,3 +69,35 @@ def test_compiled_int8_step_tracks_fp32():
         pos, doc = pos + 1, next_doc(tok, pos, doc, model.cfg.eos_id)
     assert max(rel) < 0.03, rel
     assert sum(agree) >= 0.9 * len(agree), agree
+
+# --- bounds a stranger's input meets before anything large is built: judged from outside, under an address-space limit
+
+from test_out_of_memory import HOST, apex3 as limited, one_line, tiny_ckpt   # the checkpoint fixture, and its runner
+
+def test_a_prompt_past_max_len_is_refused_before_the_cache(tiny_ckpt):
+    """`--prompt "$(cat file.py)"`, 100,000 bytes: refused against `--max-len` (2048 by default) in one line. The
+    control lifts `--max-len` over it: the prefill's attention, quadratic in the prompt, then asks for 10 GB and the
+    host refuses; a prompt that fits continues."""
+    prompt = 'x' * 100_000
+    one_line(limited('generate', tiny_ckpt, '--prompt', prompt), 'need 100064 positions; --max-len is 2048')
+    one_line(limited('generate', tiny_ckpt, '--prompt', prompt[:2000], '--max-new', 100),
+             'need 2100 positions; --max-len is 2048')
+    control = limited('generate', tiny_ckpt, '--prompt', prompt, '--max-len', 1 << 20, '--max-new', 1)
+    one_line(control, *HOST)
+    fits = limited('generate', tiny_ckpt, '--prompt', prompt[:2000], '--max-new', 48)
+    assert fits.returncode == 0 and fits.stdout.startswith(prompt[:2000]), fits.stderr[-2000:]
+
+def test_flags_that_lie_are_refused_before_the_model_is_built(tiny_ckpt, tmp_path):
+    """A checkpoint whose `args` say config C beside a tiny model.pt: the shapes, compared on the meta device, refuse it
+    in one line. The control, without that comparison, builds config C (21B parameters) and runs out of memory."""
+    from apex3.ckpt import load_checkpoint, save_checkpoint
+    ck = load_checkpoint(next(tiny_ckpt.iterdir()), ['model', 'args'], mmap=False)
+    args = {k: v for k, v in ck['args'].items() if k != 'set'} | {'config': 'C'}
+    save_checkpoint(tmp_path / 'lie', 0, {'model': ck['model'], 'args': args})
+    lie = next((tmp_path / 'lie').iterdir())
+    one_line(limited('generate', lie, '--prompt', 'hi'), 'tok_emb.weight is (257, 64), the flags make (204800, 2560)')
+    unchecked = 'import apex3.train as t; t.shape_misfit = lambda *a: None'
+    control = limited('generate', lie, '--prompt', 'hi', switch=unchecked)
+    one_line(control, *HOST)
+    honest = limited('generate', tiny_ckpt, '--prompt', 'hi', '--max-new', 2)
+    assert honest.returncode == 0 and honest.stdout.startswith('hi'), honest.stderr[-2000:]

@@ -24,7 +24,7 @@ class MCPStartError(MCPToolError):
     "A stdio MCP server that exited before it answered the handshake: its command, not a tool, is at fault."
 
 class MCPToolFailed(MCPToolError):
-    "The call reached the tool and it failed: the server's error result, or the server exiting while it answered."
+    "The call reached the server and failed there: its error result or JSON-RPC error, or its exit while it answered."
 
 def mcp_target(command=None, url=None):
     "What `mcp.Client` connects to: `StdioServerParameters` for a command (a list or a quoted string), or the URL."
@@ -137,7 +137,8 @@ def _failure(what, error, timeout, status, answered, log, stray='', killed=False
         when = 'while it was answering' if answered else 'before it answered'
         exited = f'{what}: the server exited with status {status} {when}{tail}'
         return (MCPToolFailed if answered else MCPStartError)(exited)
-    return MCPToolError(f'{what}: {_reason(error, timeout)}{tail}')
+    answer = isinstance(leaf, MCPError) and not closed   # the server's own JSON-RPC error: it answered the call
+    return (MCPToolFailed if answer else MCPToolError)(f'{what}: {_reason(error, timeout)}{tail}')
 
 def _bounded(session_fn, target, timeout, what):
     """Run `await session_fn(client)` on a fresh connection to `target`, all of it within `timeout` seconds. A line

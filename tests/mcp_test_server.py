@@ -34,7 +34,7 @@ def hang(seconds: float = 3600) -> str:
 if __name__ == '__main__':
     p = argparse.ArgumentParser()
     p.add_argument('--port', type=int)
-    p.add_argument('--mode', choices=['ok', 'garbage', 'silent', 'exit'], default='ok')
+    p.add_argument('--mode', choices=['ok', 'garbage', 'deep', 'chatty', 'silent', 'exit'], default='ok')
     a = p.parse_args()
     if a.mode == 'exit':  # fails at start, saying why on stderr, as a server missing its configuration does
         print('reading settings from the environment', file=sys.stderr)
@@ -42,6 +42,11 @@ if __name__ == '__main__':
         sys.exit(3)
     if a.mode == 'garbage':  # a process that answers anything with noise on stdout
         for line in sys.stdin: print('this is not JSON-RPC {{{', flush=True)
+    elif a.mode == 'deep':  # answers the handshake with JSON nested past any parser's depth
+        for line in sys.stdin: print('{"jsonrpc": "2.0", "id": 0, "result": ' + '[' * 100_000 + ']' * 100_000 + '}', flush=True)
+    elif a.mode == 'chatty':  # logs on stdout before it serves, as many servers do
+        print('Starting apex3-test-server...', flush=True)
+        server.run()
     elif a.mode == 'silent': time.sleep(3600)  # starts, never answers the handshake
     elif a.port: server.run(transport='streamable-http', host='127.0.0.1', port=a.port)
     else: server.run()

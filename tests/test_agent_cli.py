@@ -78,3 +78,73 @@ def test_a_trace_that_is_not_one_is_one_line(tmp_path):
     (tmp_path / 'good.jsonl').write_text('\n'.join(json.dumps(r) for r in (start, turn, end)) + '\n')
     p = agent('replay', tmp_path / 'good.jsonl')   # replayed (its recorded prompt differs from the real one: status 1)
     assert p.returncode == 1 and 'replayed 1 turns: differs at turn 0' in p.stdout, (p.stdout, p.stderr)
+
+DEEP_CHUNK = b'data: {"choices":' + b'[' * 100_000 + b']' * 100_000 + b'}\n\ndata: [DONE]\n\n'
+
+def _read_request(conn):
+    "All of one HTTP request (an unread byte left at close would reset the connection under the reply)."
+    data = b''
+    while b'\r\n\r\n' not in data: data += conn.recv(65536)
+    head, body = data.split(b'\r\n\r\n', 1)
+    length = int(next(l.split(b':')[1] for l in head.split(b'\r\n') if l.lower().startswith(b'content-length')))
+    while len(body) < length: body += conn.recv(65536)
+
+def _endpoint(reply):
+    "A model endpoint on 127.0.0.1 in a thread: `reply` bytes after the headers, or None for one that never answers."
+    import socket, threading
+    srv = socket.socket()
+    srv.bind(('127.0.0.1', 0))
+    srv.listen(8)
+    def serve():
+        while True:
+            try: conn, _ = srv.accept()
+            except OSError: return
+            if reply is not None:
+                _read_request(conn)
+                conn.sendall(b'HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n' + reply)
+                conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, f'http://127.0.0.1:{srv.getsockname()[1]}/v1'
+
+def test_a_chunk_nested_too_deep_is_one_line():
+    "The control: the chunk really is past the JSON parser's depth (the reference parser raises RecursionError)."
+    srv, url = _endpoint(DEEP_CHUNK)
+    with srv: p = agent('run', '--model-url', url, '--model', 'm', '--prompt', 'hi')
+    want = f'apex3 agent run: error: {url}/chat/completions: a streamed chunk is JSON nested too deep\n'
+    assert (p.returncode, p.stderr) == (2, want)
+    import pytest
+    with pytest.raises(RecursionError): json.loads(DEEP_CHUNK.split(b'\n')[0][len(b'data: '):])
+
+def test_the_timeout_flag_bounds_a_server_that_never_answers():
+    "`--timeout` reaches the client: one line naming it; the seconds waited follow it (control: a longer one waits more)."
+    import time
+    from apex3.agent.remote import RemoteError, RemoteModel
+    srv, url = _endpoint(None)
+    with srv:
+        p = agent('run', '--model-url', url, '--model', 'm', '--prompt', 'hi', '--timeout', '1')
+        want = f'apex3 agent run: error: {url}/chat/completions: no answer within 1 s (ReadTimeout)\n'
+        assert (p.returncode, p.stderr) == (2, want)
+        def waited(timeout):
+            t0 = time.monotonic()
+            try: list(RemoteModel(url, 'm', timeout=timeout).chat([{'role': 'user', 'content': 'hi'}], [], 8))
+            except RemoteError: return time.monotonic() - t0
+        short, long = waited(1), waited(3)
+    assert 1 <= short < 3 <= long, (short, long)
+
+def test_replay_reads_a_trace_with_a_bound(tmp_path):
+    """What is not a regular file (a device that never ends, a FIFO with no writer) and a trace past TRACE_MAX_BYTES
+    are each one line, at once; the controls: a size check alone would pass /dev/zero (its size is 0), and the trace
+    one byte under the bound is read (and refused for its content, not its size)."""
+    from apex3.agent.loop import TRACE_MAX_BYTES
+    os.mkfifo(tmp_path / 'fifo')
+    with open(tmp_path / 'big.jsonl', 'wb') as f: f.truncate(TRACE_MAX_BYTES + 1)   # sparse: no disk, no time
+    with open(tmp_path / 'under.jsonl', 'wb') as f: f.truncate(TRACE_MAX_BYTES - 1)
+    for path, why in (('/dev/zero', 'is not a regular file'), (tmp_path / 'fifo', 'is not a regular file'),
+                      (tmp_path / 'big.jsonl', f'is larger than {TRACE_MAX_BYTES >> 20} MiB')):
+        p = subprocess.run([sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())', 'agent',
+                            'replay', str(path)], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, 'PYTHONPATH': str(ROOT)})
+        assert (p.returncode, p.stderr) == (2, f'apex3 agent replay: error: trace {path} {why}\n'), p.stderr
+    assert os.path.getsize('/dev/zero') == 0
+    p = agent('replay', tmp_path / 'under.jsonl')
+    assert p.returncode == 2 and 'larger than' not in p.stderr and 'under.jsonl:1: not a JSON line' in p.stderr, p.stderr

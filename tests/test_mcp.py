@@ -119,7 +119,8 @@ def test_a_server_that_exits_at_start():
                              'fatal: TEST_SERVER_KEY is not set'), line
     with pytest.raises(MCPStartError): call_tool('add', dict(a=1, b=2), SERVER + ['--mode', 'exit'])
     crash = _cli(call_main, '--mcp', ' '.join(SERVER), 'crash')   # exiting mid-call is the tool failing: status 1
-    assert 'exited with status 3 while it was answering' in _one_line(crash[0], crash[2], 1)
+    assert 'error: MCP tool crash: the server exited with status 3 while it was answering' in _one_line(
+        crash[0], crash[2], 1)
 
 def test_without_the_shim_the_exit_is_only_a_closed_connection(monkeypatch):
     "The control: the SDK alone reports a server that exits at start as a closed connection, with no status."
@@ -489,3 +490,55 @@ def test_a_compile_child_that_does_not_start_is_named_not_the_pattern(tmp_path, 
         assert re.fullmatch(f'error: the schema of zip cannot be checked: the process that compiles the patterns {why}; '
                             'the call was not made', refused), refused
     assert len([r for r in caplog.records if r.levelname == 'WARNING']) == 1, caplog.records
+
+APEX3 = [sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())']
+QUIET_SDK = 'import logging, apex3.agent.mcp; logging.getLogger("mcp.client.stdio").filters.clear()'
+
+def apex3(*argv, before=''):
+    "The CLI in a child process, as a user runs it; `before` runs first in that process (the controls' changes)."
+    cmd = APEX3 if not before else [sys.executable, '-c', before + '; ' + APEX3[2]]
+    return subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+
+@pytest.mark.parametrize('mode, sent', [('garbage', "'this is not JSON-RPC {{{'"),
+                                        ('deep', """'{"jsonrpc": "2.0", "id": 0, "result": [[[[[""")])
+def test_a_line_that_is_not_json_rpc_is_named_in_one_line(mode, sent):
+    "What the server sent, its first bytes, in the one error line; the control: the SDK's own log is a traceback."
+    server = ' '.join(SERVER + ['--mode', mode])
+    p = apex3('agent', 'tools', '--mcp', server, '--timeout', '2')
+    assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and 'Traceback' not in p.stderr, p.stderr
+    assert p.stderr.startswith('apex3 agent tools: error: listing MCP tools: no answer within 2 s; it sent a line '
+                               f'that is not JSON-RPC, skipped: {sent}'), p.stderr
+    raw = apex3('agent', 'tools', '--mcp', server, '--timeout', '2', before=QUIET_SDK)   # without our log filter
+    assert 'Traceback' in raw.stderr and 'Failed to parse JSONRPC message' in raw.stderr, raw.stderr
+
+def test_a_stray_log_line_is_skipped_and_the_answer_still_used():
+    "A server that logs on stdout before it serves works, with one warning; the control: it did send that line."
+    p = apex3('agent', 'tools', '--mcp', ' '.join(SERVER + ['--mode', 'chatty']))
+    assert p.returncode == 0 and 'add' in [t['name'] for t in json.loads(p.stdout)], p.stderr
+    assert p.stderr == "warning: MCP server: it sent a line that is not JSON-RPC, skipped: 'Starting apex3-test-server...'\n"
+    bare = subprocess.run(SERVER + ['--mode', 'chatty'], input='', capture_output=True, text=True, timeout=60)
+    assert bare.stdout.splitlines()[0] == 'Starting apex3-test-server...'
+
+def _seconds_to_fail(timeout):
+    t0 = time.monotonic()
+    with pytest.raises(MCPToolError, match=f'no answer within {timeout:g} s'):
+        list_tools(SERVER + ['--mode', 'silent'], timeout=timeout)
+    return time.monotonic() - t0
+
+def test_a_hung_server_costs_the_deadline_not_the_sdks_shutdown_too(monkeypatch):
+    """Killed at the deadline; the control: left to the SDK's shutdown, it waits two seconds for the server to exit
+    on its own before it terminates it (a floor, so the control cannot pass by load)."""
+    assert _seconds_to_fail(2) < 2 + 1.8
+    monkeypatch.setattr(mcp_mod, '_kill_at_deadline', lambda path: False)
+    assert _seconds_to_fail(2) >= 2 + 2
+
+def test_agent_call_and_agent_tools_agree_on_a_silent_server():
+    "Both: status 2 and apex3's usual error line; the control: a tool that ran and failed is status 1."
+    server = ' '.join(SERVER + ['--mode', 'silent'])
+    call = apex3('agent', 'call', '--mcp', server, '--timeout', '1', 'add', '{"a": 1, "b": 2}')
+    tools = apex3('agent', 'tools', '--mcp', server, '--timeout', '1')
+    assert (call.returncode, call.stderr) == (2, 'apex3 agent call: error: MCP tool add: no answer within 1 s\n')
+    assert (tools.returncode, tools.stderr) == (2, 'apex3 agent tools: error: listing MCP tools: no answer within 1 s\n')
+    failed = apex3('agent', 'call', '--mcp', ' '.join(SERVER), 'fail', '{"message": "no"}')
+    assert (failed.returncode, failed.stderr) == (1, 'apex3 agent call: error: MCP tool fail failed: '
+                                                     'Error executing tool fail: no\n')

@@ -57,6 +57,31 @@ def test_an_alias_bomb_in_the_front_matter_is_skipped_quickly(tmp_path, caplog):
     assert load_skills([tmp_path]) == [] and time.perf_counter() - t0 < 1
     assert any('name of type list must be' in r.message for r in caplog.records)
 
+DEEP_FRONT = 'name: deep\ndescription: ' + '[' * 20_000 + ']' * 20_000
+
+def test_deep_or_unreadable_skills_are_skipped_and_the_good_one_loaded(tmp_path, caplog, monkeypatch):
+    """A front matter nested 20,000 deep and a SKILL.md that cannot be read: each skipped with its warning, the good
+    skill beside them loaded; `strict` raises a SkillError. Controls: the YAML parser itself fails on that front
+    matter, and the unreadable file really is refused to a read."""
+    import yaml
+    shutil.copytree(example_skills_dir() / 'csv-summary', tmp_path / 'csv-summary')
+    write_skill(tmp_path, 'deep', DEEP_FRONT)
+    locked = write_skill(tmp_path, 'locked', 'name: locked\ndescription: d') / 'SKILL.md'
+    locked.chmod(0)
+    if os.geteuid() == 0:   # root reads any mode: the kernel's refusal as a non-root user meets it
+        real = Path.read_text
+        def refuse(self, *a, **k):
+            if self == locked: raise PermissionError(13, 'Permission denied', str(self))
+            return real(self, *a, **k)
+        monkeypatch.setattr(Path, 'read_text', refuse)
+    with pytest.raises(PermissionError): locked.read_text()
+    with pytest.raises(RecursionError): yaml.safe_load(DEEP_FRONT)
+    assert [s.name for s in load_skills([tmp_path])] == ['csv-summary']
+    warned = [r.message for r in caplog.records if 'skipping skill' in r.message]
+    assert len(warned) == 2 and 'nested too deep' in warned[0] and 'cannot be read: Permission denied' in warned[1]
+    for bad in ('deep', 'locked'):
+        with pytest.raises(SkillError): load_skills([tmp_path / bad], strict=True)
+
 def test_catalog_lists_name_description_and_location():
     skills = load_skills([example_skills_dir()], strict=True)
     cat = skill_catalog(skills)

@@ -46,6 +46,10 @@ def remote_parser(prog, description):
     p.add_argument('--max-turns', type=in_range(int, 1, 1000), default=8, help='model turns a request may take')
     p.add_argument('--max-tokens', type=in_range(int, 1, 1_000_000), default=2048, help='tokens a request may take')
     p.add_argument('--temperature', type=in_range(float, 0, 2), default=0.0)
+    from apex3.agent.remote import REMOTE_TIMEOUT_S
+    p.add_argument('--timeout', type=in_range(float, 0, 86400, low_open=True), default=REMOTE_TIMEOUT_S,
+                   help='seconds to wait for the server to connect or send the next bytes of a reply '
+                        '(each wait, not the whole reply; default: %(default)g)')
     return p
 
 def _remote(a):
@@ -53,7 +57,7 @@ def _remote(a):
     from apex3.settings import check_not_empty
     from apex3.agent.remote import RemoteModel
     check_not_empty(vars(a))
-    model = RemoteModel(a.model_url, a.model, a.api_key, a.temperature)
+    model = RemoteModel(a.model_url, a.model, a.api_key, a.temperature, a.timeout)
     if not a.python: return model, []
     from apex3.agent.tools import get_runner, python_tool
     return model, [python_tool(get_runner(a.backend, wall_s=10, fallback=a.unsandboxed))]

@@ -27,6 +27,7 @@ def _front_matter(text):
     if not m: raise SkillError('SKILL.md must start with YAML front matter between two --- lines')
     try: meta = yaml.safe_load(m.group(1))
     except yaml.YAMLError as e: raise SkillError(f'front matter is not valid YAML: {" ".join(str(e).split())[:200]}')
+    except RecursionError: raise SkillError('front matter is nested too deep to read') from None
     if not isinstance(meta, dict): raise SkillError('front matter must be a YAML mapping of fields')
     return meta, text[m.end():]
 
@@ -105,6 +106,7 @@ def load_skill(folder):
     if not (folder / 'SKILL.md').is_file(): raise SkillError(f'{folder}: no SKILL.md')
     try: meta, _ = _front_matter((folder / 'SKILL.md').read_text())
     except (SkillError, UnicodeDecodeError) as e: raise SkillError(f'{folder}/SKILL.md: {e}')
+    except OSError as e: raise SkillError(f'{folder}/SKILL.md: cannot be read: {e.strerror or e}') from None
     if errs := check_front_matter(meta, folder.resolve().name):
         raise SkillError(f'{folder}/SKILL.md: ' + '; '.join(errs))
     return Skill(meta['name'], meta['description'].strip(), folder.resolve(), meta.get('license'),

@@ -117,7 +117,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'apex3.agent.loop._Recorded.stream': ('loop.html#_recorded.stream', 'apex3/agent/loop.py'),
                                   'apex3.agent.loop._Recorded.tool': ('loop.html#_recorded.tool', 'apex3/agent/loop.py'),
                                   'apex3.agent.loop._fits': ('loop.html#_fits', 'apex3/agent/loop.py'),
-                                  'apex3.agent.loop._trace_text': ('loop.html#_trace_text', 'apex3/agent/loop.py'),
                                   'apex3.agent.loop._turn': ('loop.html#_turn', 'apex3/agent/loop.py'),
                                   'apex3.agent.loop.assistant_message': ('loop.html#assistant_message', 'apex3/agent/loop.py'),
                                   'apex3.agent.loop.model_pieces': ('loop.html#model_pieces', 'apex3/agent/loop.py'),

@@ -8,14 +8,14 @@ __all__ = ['MAX_PARALLEL', 'TRACE_MAX_BYTES', 'ScriptedModel', 'GreedyModel', 'a
            'replay_main']
 
 # %% ../../nbs/65_loop.ipynb #7dacc13e
-import json, os, stat
+import json, os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from jinja2.exceptions import TemplateError
 from .chat import CHAT_TEMPLATE, StreamParser, escape_tags, render_chat
 from .tools import Tool
-from ..usage import ArgParser, UsageError
+from ..usage import ArgParser, UsageError, read_small_file
 
 # %% ../../nbs/65_loop.ipynb #069bd8eb
 class ScriptedModel:
@@ -188,21 +188,12 @@ def _fits(r, need) -> bool:
 
 TRACE_MAX_BYTES = 64 << 20   # far past a trace of max_turns turns of max_tokens pieces; a bound on what is read
 
-def _trace_text(path) -> str:
-    """The text of trace file `path`, read with a bound: a `UsageError` for what is not a regular file (a device such
-    as /dev/zero never ends, a FIFO blocks until a writer comes, so it is opened without blocking and looked at
-    before any read) or for more than `TRACE_MAX_BYTES`."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    with open(fd, 'rb') as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode): raise UsageError(f'trace {path} is not a regular file')
-        data = f.read(TRACE_MAX_BYTES + 1)
-    if len(data) > TRACE_MAX_BYTES: raise UsageError(f'trace {path} is larger than {TRACE_MAX_BYTES >> 20} MiB')
-    return data.decode('utf-8')
-
 def read_trace(path):
-    "The records of a trace file, checked; a `UsageError` names the first bad line."
-    try: lines = _trace_text(path).splitlines()
-    except (OSError, UnicodeDecodeError) as e: raise UsageError(f'cannot read trace {path}: {e}')
+    """The records of a trace file, checked; a `UsageError` names the first bad line. The file is read with a bound
+    (`read_small_file`): a device such as /dev/zero never ends, and a FIFO waits for a writer."""
+    data = read_small_file(path, TRACE_MAX_BYTES, 'cannot read trace')
+    try: lines = data.decode('utf-8').splitlines()
+    except UnicodeDecodeError as e: raise UsageError(f'cannot read trace {path}: {e}') from None
     recs = []
     for i, line in enumerate(lines, 1):
         try: r = json.loads(line)

@@ -442,6 +442,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                             'apex3.ckpt.load_component': ('ckpt.html#load_component', 'apex3/ckpt.py'),
                             'apex3.ckpt.make_room': ('ckpt.html#make_room', 'apex3/ckpt.py'),
                             'apex3.ckpt.optimizer_state_bytes': ('ckpt.html#optimizer_state_bytes', 'apex3/ckpt.py'),
+                            'apex3.ckpt.problems_line': ('ckpt.html#problems_line', 'apex3/ckpt.py'),
                             'apex3.ckpt.prune_checkpoints': ('ckpt.html#prune_checkpoints', 'apex3/ckpt.py'),
                             'apex3.ckpt.raised_in': ('ckpt.html#raised_in', 'apex3/ckpt.py'),
                             'apex3.ckpt.read_sums': ('ckpt.html#read_sums', 'apex3/ckpt.py'),

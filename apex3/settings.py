@@ -14,7 +14,7 @@ __all__ = ['MAX_LR', 'MAX_GIB', 'MAX_MINUTES', 'MAX_SECONDS', 'MAX_TOKENS', 'TOK
            'check_train_argv', 'bench_settings', 'check_bench_argv']
 
 # %% ../nbs/23_settings.ipynb #f1565210
-import argparse, dataclasses, math, typing
+import argparse, dataclasses, math, os, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from .usage import ArgParser, UsageError, in_range, read_small_file
@@ -258,7 +258,7 @@ class DilocoSettings:
 
     def key_bytes(self) -> bytes:
         "The key's bytes (`@FILE`: the file's contents, stripped); at least 16 of them."
-        k = (self.key or '').encode()
+        k = os.fsencode(self.key or '')   # a key's bytes as given, any bytes (argv keeps what is not UTF-8)
         if k.startswith(b'@'): k = read_small_file(self.key[1:], KEY_FILE_BYTES, '--diloco-key').strip()
         if len(k) < 16: raise UsageError('--diloco-key must be at least 16 bytes')
         return k

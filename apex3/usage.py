@@ -150,13 +150,18 @@ def _silence_stdout():
 import stat
 
 def read_small_file(path, limit: int, flag: str) -> bytes:
-    "The bytes of the regular file `path`, at most `limit` of them; anything else is a `UsageError` naming `flag`."
-    try: fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e: raise UsageError(f'{flag} {path}: {e.strerror}') from None
-    with open(fd, 'rb') as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode): raise UsageError(f'{flag} {path}: not a regular file')
-        data = f.read(limit + 1)
-    if len(data) > limit: raise UsageError(f'{flag} {path}: larger than {limit:,} bytes')
+    """The bytes of the regular file `path`, at most `limit` of them; anything else (a folder, a device, a file that
+    refuses reads) is a `UsageError` naming `flag` and `path`. Opened without waiting and without taking a terminal."""
+    def refuse(why): return UsageError(f'{flag} {path}: {why}')
+    try: fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e: raise refuse(e.strerror) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise refuse('not a regular file')
+    try:
+        with os.fdopen(fd, 'rb') as f: data = f.read(limit + 1)
+    except OSError as e: raise refuse(e.strerror or os.strerror(e.errno)) from None   # e.g. /proc files that refuse
+    if len(data) > limit: raise refuse(f'larger than {limit:,} bytes')
     return data
 
 # %% ../nbs/000_usage.ipynb #fp0rt0ex

@@ -182,8 +182,8 @@ def config_errors(cfg, base) -> list:
 
 
 # %% ../../nbs/5b_pipeline.ipynb #da0bb8bb
-SOURCE_KEYS = {f.name for f in dataclasses.fields(Source)}
-CONFIG_BYTES = 16 << 20   # a config is a page of TOML; a bound, so a device or an endless file is refused, not read  # the keys a [[source]] table passes to `Source`
+SOURCE_KEYS = {f.name for f in dataclasses.fields(Source)}  # the keys a [[source]] table passes to `Source`
+CONFIG_BYTES = 16 << 20   # a config is a page of TOML; a bound, so a device or an endless file is refused, not read
 
 def load_config(path) -> dict:
     "Read and check a pipeline TOML (every problem in one `UsageError`); relative paths resolve against its folder."

@@ -539,6 +539,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'apex3.data.core.MapStage.run': ('data.html#mapstage.run', 'apex3/data/core.py'),
                                  'apex3.data.core.MapStage.shards': ('data.html#mapstage.shards', 'apex3/data/core.py'),
                                  'apex3.data.core.MapStage.task_name': ('data.html#mapstage.task_name', 'apex3/data/core.py'),
+                                 'apex3.data.core.NumberRule': ('data.html#numberrule', 'apex3/data/core.py'),
                                  'apex3.data.core.RayExecutor': ('data.html#rayexecutor', 'apex3/data/core.py'),
                                  'apex3.data.core.RayExecutor.__init__': ('data.html#rayexecutor.__init__', 'apex3/data/core.py'),
                                  'apex3.data.core.RayExecutor.run_tasks': ('data.html#rayexecutor.run_tasks', 'apex3/data/core.py'),

@@ -83,3 +83,59 @@ def test_zst_bomb_bounded(tmp_path):
     whole = peak_rss_of(f'import zstandard; d = zstandard.ZstdDecompressor().decompressobj()'
                         f'.decompress(open("{src}/shard-00000.jsonl.zst", "rb").read()); lines = d.split(b"\\n")')
     assert whole > BOMB_RSS, whole
+
+BIG, HUGE = '9' * 400, '9' * 5000   # past a float (~1.8e308); past Python's int-from-text limit (4300 digits)
+PAST = [('c4', 'min_sentences=99999999999999999999', 'an integer >= 0 and below 2**63'),
+        ('c4', 'min_words_per_line=99999999999999999999', 'an integer >= 0 and below 2**63'),
+        ('gopher_quality', f'max_symbol_word_ratio={BIG}', 'a number >= 0 and below 2**63'),
+        ('code', f'max_mean_line_length={BIG}', 'a number >= 1 and below 2**63'),
+        ('c4', f'min_words_per_line={HUGE}', '4300 digits'),
+        ('gopher_repetition', 'dup_ngrams=[[10000000, 0.5]]', 'n an integer from 1 to 20'),
+        ('gopher_repetition', 'top_ngrams=[[99999999999999999999, 0.5]]', 'n an integer from 1 to 20')]
+
+@pytest.mark.parametrize('stage,kv,said', PAST)
+def test_set_past_the_machine_refused(shards, tmp_path, stage, kv, said):
+    "Values too large for the worker (C sizes, floats, memory per n-gram size) are one line, before any work."
+    r = data(stage, shards, tmp_path/'out', '--set', kv)
+    assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) == 1 and said in r.stderr and '--set' in r.stderr, r.stderr
+    assert not (tmp_path/'out'/'.done').exists()
+
+def test_set_past_int64_crashes_the_worker_unchecked(shards):
+    "The control: the same value, past the check, fails where the worker uses it (the count `islice` takes)."
+    from itertools import islice
+    from apex3.data.pipeline import step_errors
+    with pytest.raises((ValueError, OverflowError)): list(islice(iter(()), 99999999999999999999))
+    assert step_errors('c4', {'min_sentences': 2**63 - 1}, '') == []   # the last value in range still passes
+
+FLOATS = [('gopher_quality', 'min_avg_word_len=2.5'), ('gopher_quality', 'max_avg_word_len=9.5'),
+          ('code', 'max_mean_line_length=99.5'), ('gopher_repetition', 'dup_ngrams=[[20, 0.5]]')]
+
+@pytest.mark.parametrize('stage,kv', FLOATS)
+def test_set_float_where_the_rule_says_number(shards, tmp_path, stage, kv):
+    "A float where the rule is `number` (the default an int) runs; the largest n-gram size allowed runs."
+    r = data(stage, shards, tmp_path/'out', '--set', kv)
+    assert r.returncode == 0 and (tmp_path/'out'/'.done').exists(), r.stderr
+
+def test_set_float_where_the_rule_says_whole(shards, tmp_path):
+    "The control: a float where the rule is `whole` is still refused, as is the n-gram size one past the bound."
+    for stage, kv in (('c4', 'min_words_per_line=2.5'), ('gopher_repetition', 'dup_ngrams=[[21, 0.5]]')):
+        r = data(stage, shards, tmp_path/stage, '--set', kv)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and 'is not' in r.stderr, r.stderr
+
+def test_config_not_a_regular_file_or_too_big(tmp_path):
+    "A config that is a device, a FIFO or past 16 MiB is one line naming it, at once (not read whole, no hang)."
+    fifo = tmp_path/'fifo'
+    os.mkfifo(fifo)
+    (tmp_path/'big.toml').write_bytes(b'# ' + b'x' * (16 << 20) + b'\n')
+    (tmp_path/'digits.toml').write_text(f'[params.c4]\nmin_words_per_line = {HUGE}\n')
+    for path, said in (('/dev/zero', 'not a regular file'), (fifo, 'not a regular file'),
+                       (tmp_path/'big.toml', 'larger than'), (tmp_path/'digits.toml', '4300 digits')):
+        r = subprocess.run([sys.executable, '-c', CLI, 'data', 'run', str(path)], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+        assert said in r.stderr and str(path) in r.stderr, r.stderr
+    # control: a small regular config is read and checked (its one problem named, so the reader did read it)
+    (tmp_path/'ok.toml').write_text('[params.c4]\nmin_words_per_line = 2\n')
+    r = data('run', tmp_path/'ok.toml')
+    assert r.returncode == 2 and 'source: no [[source]] tables' in r.stderr, r.stderr

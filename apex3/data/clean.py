@@ -12,9 +12,10 @@ from .core import Document, Step, whole, number
 from .decontaminate import split_hashes, ngram_hashes, FNV_PRIME
 
 # %% auto #0
-__all__ = ['STOP_WORDS', 'TERMINAL', 'NGRAM_RULES', 'SENTENCE_END', 'POLICY', 'GENERATED', 'words_of', 'letter_words',
-           'GopherQuality', 'top_ngram_count', 'top_ngram_chars', 'widest_ngram', 'dup_ngram_chars', 'batches',
-           'batch_tokens', 'repetition_bounds', 'GopherRepetition', 'C4Lines', 'FineWebQuality', 'CodeQuality']
+__all__ = ['STOP_WORDS', 'TERMINAL', 'MAX_NGRAM', 'NGRAM_RULES', 'SENTENCE_END', 'POLICY', 'GENERATED', 'words_of',
+           'letter_words', 'GopherQuality', 'top_ngram_count', 'top_ngram_chars', 'widest_ngram', 'dup_ngram_chars',
+           'batches', 'batch_tokens', 'repetition_bounds', 'GopherRepetition', 'C4Lines', 'FineWebQuality',
+           'CodeQuality']
 
 # %% ../../nbs/52_clean.ipynb #0bc46f48
 _PUNCT = '!"#$%&\'()*+,-./:;<=>?@[\\]^_`{|}~«»“”‘’…'
@@ -192,10 +193,14 @@ class _Decided(Step):
     def __init__(self, name, docs, verdicts): self.name, self.verdicts = name, dict(zip(map(id, docs), verdicts))
     def keep(self, doc): return self.verdicts[id(doc)]
 
-NGRAM_RULES = ('a list of [n, fraction] pairs (n an integer >= 1, fraction from 0 to 1)',
+# The published Gopher rules use n from 2 to 10. `repetition_bounds` keeps one array of hashes per n up to the
+# largest n, each as long as the batch's tokens, so memory grows with n: twice the published largest leaves room to
+# experiment at twice the default memory, where n = 10**7 took 1.6 GB on 20 short documents.
+MAX_NGRAM = 20
+NGRAM_RULES = (f'a list of [n, fraction] pairs (n an integer from 1 to {MAX_NGRAM}, fraction from 0 to 1)',
                lambda v: isinstance(v, list | tuple) and all(
-                   isinstance(x, list | tuple) and len(x) == 2 and whole(1)[1](x[0]) and number(0, 1)[1](x[1])
-                   for x in v))
+                   isinstance(x, list | tuple) and len(x) == 2 and whole(1, MAX_NGRAM)[1](x[0])
+                   and number(0, 1)[1](x[1]) for x in v))
 
 class GopherRepetition(Step):
     "Gopher repetition filter with the published thresholds."

@@ -9,20 +9,21 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Iterable
+from typing import Callable, Iterator, Iterable, NamedTuple
 import orjson, zstandard
 from .identity import (StaleTasks, identity_of, identity_path, marker_identity, read_marker,
                                  remove_unused_records, stale_line, task_identity)
 
 
 # %% auto #0
-__all__ = ['ZST_PIECE', 'MAX_DOC_BYTES', 'MAX_SHARD_LINE', 'LOCK', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD',
-           'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes', 'write_jsonl_zst',
-           'DamagedFile', 'zst_pieces', 'read_zst', 'zst_lines', 'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs',
-           'read_docs', 'whole', 'number', 'Step', 'TaskContext', 'Stage', 'marker_path', 'is_done', 'run_task',
-           'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs', 'MapStage',
-           'FolderBusy', 'holding', 'Executor', 'remove_stale_temps', 'die_with_parent', 'WorkerDied',
-           'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
+__all__ = ['ZST_PIECE', 'MAX_DOC_BYTES', 'MAX_SHARD_LINE', 'RULE_END', 'LOCK', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD',
+           'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes',
+           'write_jsonl_zst', 'DamagedFile', 'zst_pieces', 'read_zst', 'zst_lines', 'read_jsonl_zst',
+           'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'whole', 'NumberRule', 'number', 'Step', 'TaskContext',
+           'Stage', 'marker_path', 'is_done', 'run_task', 'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards',
+           'write_task_outputs', 'MapStage', 'FolderBusy', 'holding', 'Executor', 'remove_stale_temps',
+           'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor',
+           'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -185,15 +186,26 @@ def read_docs(path) -> Iterator[Document]:
         yield doc
 
 # %% ../../nbs/50_data.ipynb #5d7a26e1
+# A rule without an upper bound still stops below 2**63: past it a count no longer fits the C sizes that `islice`,
+# `range` and numpy take, nor (near 2**1024) a float, so the worker would crash on a value the check let through.
+RULE_END = 2**63
+
 def whole(lo, hi=None) -> tuple:
     "(what, ok) of an integer from `lo` (to `hi`): the rule of a config key or a step parameter, said and checked."
-    what = f'an integer >= {lo}' if hi is None else f'an integer from {lo} to {hi}'
-    return what, lambda v: type(v) is int and v >= lo and (hi is None or v <= hi)
+    what = f'an integer >= {lo} and below 2**63' if hi is None else f'an integer from {lo} to {hi}'
+    return what, lambda v: type(v) is int and v >= lo and (v < RULE_END if hi is None else v <= hi)
 
-def number(lo, hi=None) -> tuple:
+class NumberRule(NamedTuple):
+    "A `number` rule: it judges the type too, so a float is taken where the default happens to be an integer."
+    what: str
+    ok: Callable
+
+def number(lo, hi=None) -> NumberRule:
     "(what, ok) of a finite number (an integer will do) from `lo` (to `hi`)."
-    what = f'a number >= {lo:g}' if hi is None else f'a number from {lo:g} to {hi:g}'
-    return what, lambda v: type(v) in (int, float) and math.isfinite(v) and v >= lo and (hi is None or v <= hi)
+    what = f'a number >= {lo:g} and below 2**63' if hi is None else f'a number from {lo:g} to {hi:g}'
+    # an int is finite however long; `math.isfinite` would convert it to a float and overflow past 2**1024
+    finite = lambda v: type(v) is int or type(v) is float and math.isfinite(v)
+    return NumberRule(what, lambda v: finite(v) and v >= lo and (v < RULE_END if hi is None else v <= hi))
 
 class Step:
     """A document step: subclasses implement `keep(doc) -> Document | str` (a string is the reason to remove it).

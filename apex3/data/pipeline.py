@@ -8,9 +8,11 @@ import dataclasses, errno, glob, importlib.util, inspect, json, math, os, re, sh
 import zstandard
 from collections import Counter
 from pathlib import Path
-from ..usage import ArgParser, UsageError, STORAGE_ERRNOS, in_range, is_fs_error, os_error_line, probe_writable
+from ..usage import (ArgParser, UsageError, STORAGE_ERRNOS, in_range, is_fs_error, os_error_line, probe_writable,
+                         read_small_file)
 from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, FolderBusy, DamagedFile, list_shards,
-                             read_docs, read_jsonl_zst, atomic_write_bytes, whole, MAX_DOC_BYTES)
+                             read_docs, read_jsonl_zst, atomic_write_bytes, whole, MAX_DOC_BYTES, NumberRule,
+                             RULE_END)
 from .identity import StaleTasks, read_marker
 from .ingest import Source, IngestStage, open_binary
 from .clean import GopherQuality, GopherRepetition, C4Lines, FineWebQuality, CodeQuality
@@ -23,12 +25,12 @@ from .long import Long
 from .download import DownloadStage, run_downloads
 
 # %% auto #0
-__all__ = ['STEPS', 'KINDS', 'MAX_WORKERS', 'SCHEMA', 'SOURCE_KEYS', 'TOKENIZE_DEFAULTS', 'LONG_DEFAULTS', 'STAGE_HEADER',
-           'DEDUP_WORK_PER_BYTE', 'PACKED', 'ESTIMATE_MARGIN', 'make_step', 'installed', 'step_errors', 'config_errors',
-           'load_config', 'source_of', 'source_stages', 'section', 'tokenizes', 'pipeline_stages', 'stage_row',
-           'run_pipeline', 'bytes_per_token', 'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes', 'check_space',
-           'fs_error_line', 'check_writable', 'data_main', 'check_resumable', 'final_docs', 'all_rejects',
-           'output_files']
+__all__ = ['STEPS', 'KINDS', 'MAX_WORKERS', 'SCHEMA', 'SOURCE_KEYS', 'CONFIG_BYTES', 'TOKENIZE_DEFAULTS', 'LONG_DEFAULTS',
+           'STAGE_HEADER', 'DEDUP_WORK_PER_BYTE', 'PACKED', 'ESTIMATE_MARGIN', 'make_step', 'installed', 'step_errors',
+           'config_errors', 'load_config', 'source_of', 'source_stages', 'section', 'tokenizes', 'pipeline_stages',
+           'stage_row', 'run_pipeline', 'bytes_per_token', 'zstd_ratio', 'source_text', 'run_estimate', 'tree_bytes',
+           'check_space', 'fs_error_line', 'check_writable', 'data_main', 'check_resumable', 'final_docs',
+           'all_rejects', 'output_files']
 
 # %% ../../nbs/5b_pipeline.ipynb #0c26d649
 def _decontaminate(policy='drop', n=13, humaneval=True, extra_jsonl=(), field='prompt'):
@@ -134,7 +136,7 @@ def _same_type(v, default) -> bool:
     if default is None or default is inspect.Parameter.empty: return True
     if isinstance(default, bool): return type(v) is bool
     if isinstance(default, int): return type(v) is int
-    if isinstance(default, float): return type(v) in (int, float) and math.isfinite(v)
+    if isinstance(default, float): return type(v) is float and math.isfinite(v) or type(v) is int and abs(v) < RULE_END
     if isinstance(default, (tuple, list)): return isinstance(v, list)
     return isinstance(v, type(default))
 
@@ -145,6 +147,8 @@ def step_errors(name, p, where) -> list:
     errs = []
     for key, v in p.items():
         if key not in sig: errs.append(f"{where}{key}: unknown parameter (known: {', '.join(sig)})")
+        elif isinstance(limits.get(key), NumberRule):   # a `number` says its type itself: 2.5 where the default is 3
+            if not limits[key].ok(v): errs.append(f'{where}{key}: {_show(v)} is not {limits[key].what}')
         elif not _same_type(v, sig[key].default):
             errs.append(f'{where}{key}: {_show(v)} is not of the type of {_show(sig[key].default)}')
         elif key in limits and not limits[key][1](v): errs.append(f'{where}{key}: {_show(v)} is not {limits[key][0]}')
@@ -179,14 +183,16 @@ def config_errors(cfg, base) -> list:
 
 # %% ../../nbs/5b_pipeline.ipynb #da0bb8bb
 SOURCE_KEYS = {f.name for f in dataclasses.fields(Source)}  # the keys a [[source]] table passes to `Source`
+CONFIG_BYTES = 16 << 20   # a config is a page of TOML; a bound, so a device or an endless file is refused, not read
 
 def load_config(path) -> dict:
     "Read and check a pipeline TOML (every problem in one `UsageError`); relative paths resolve against its folder."
     path = Path(path)
     if not path.exists(): raise UsageError(f'no such config: {path}')
-    try: cfg = tomllib.loads(path.read_bytes().decode('utf-8-sig'))   # a BOM, as Windows editors write
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e: raise UsageError(f'{path}: {e}') from None
-    except OSError as e: raise UsageError(f'{path}: {e.strerror}') from None
+    text = read_small_file(path, CONFIG_BYTES, 'config')   # a regular file of bounded size: not /dev/zero, not a FIFO
+    # ValueError: a TOML error, bytes not UTF-8, or an integer of more than 4300 digits
+    try: cfg = tomllib.loads(text.decode('utf-8-sig'))   # a BOM, as Windows editors write
+    except ValueError as e: raise UsageError(f'{path}: {e}') from None
     base = path.parent.resolve()
     if errs := config_errors(cfg, base):
         raise UsageError(f"{path}: {len(errs)} problem{'s' * (len(errs) > 1)}: " + '; '.join(errs))
@@ -380,6 +386,7 @@ def _set_params(step, pairs) -> dict:
         k, v = p.split('=', 1)
         try: out[k] = tomllib.loads(f'x = {v}')['x']
         except tomllib.TOMLDecodeError: out[k] = v
+        except ValueError as e: raise UsageError(f'--set {k}: {e}') from None   # an integer of more than 4300 digits
     if errs := step_errors(step, out, '--set '): raise UsageError('; '.join(errs))
     return out
 

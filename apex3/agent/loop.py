@@ -184,7 +184,9 @@ def _fits(r, need) -> bool:
     return (all(isinstance(r.get(k), t) for k, t in need.items())
             and all(isinstance(x, _ITEMS[k]) for k in need if k in _ITEMS for x in r[k])
             and all(isinstance(m.get('role'), str) and isinstance(m.get('content', ''), str)
-                    for m in r.get('messages', [])))
+                    for m in r.get('messages', []))
+            and all(isinstance(f := t.get('function', {}), dict) and isinstance(f.get('parameters', {}), dict)
+                    for t in r.get('tools', [])))
 
 TRACE_MAX_BYTES = 64 << 20   # far past a trace of max_turns turns of max_tokens pieces; a bound on what is read
 
@@ -198,7 +200,7 @@ def read_trace(path):
     for i, line in enumerate(lines, 1):
         try: r = json.loads(line)
         except (ValueError, RecursionError): raise UsageError(f'{path}:{i}: not a JSON line') from None
-        need = _NEEDS.get(r.get('kind')) if isinstance(r, dict) else None
+        need = _NEEDS.get(r.get('kind')) if isinstance(r, dict) and isinstance(r.get('kind'), str) else None
         if need is None or not _fits(r, need):
             raise UsageError(f'{path}:{i}: not a trace record (kind start|turn|end with its fields)')
         recs.append(r)

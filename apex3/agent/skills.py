@@ -73,7 +73,8 @@ class Skill:
         return _front_matter((self.path / 'SKILL.md').read_text())[1].strip('\n')
 
     def _inside(self, sub, name):
-        root = (self.path / sub).resolve()
+        "The file `sub/name` of this skill: inside its own folder once every link is followed, `sub` too."
+        root = self.path.resolve() / sub   # `sub` itself unresolved: a `references` linked to / is no root
         target = (root / name).resolve()
         if not target.is_relative_to(root) or not target.is_file():
             raise SkillError(f'skill {self.name} has no {sub}/{name}')

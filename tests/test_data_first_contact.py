@@ -140,3 +140,21 @@ def test_demo_run_again_with_other_files_redoes_what_changed(tmp_path):
     assert again.returncode == 0, again.stderr[-600:]
     plain = apex3(CLI, 'data', 'demo', tmp_path / 'o' / 'data', '--max-files', '5', cwd=tmp_path)
     assert plain.returncode == 2 and plain.stderr.count('\n') == 1 and '--restart' in plain.stderr, plain.stderr
+
+
+def test_a_second_demo_into_a_folder_in_use_is_refused(tmp_path):
+    """Two `apex3 demo` runs into one folder at once would train into the same checkpoint folder, each printing the
+    other's results: the second is refused in one line while the first holds the folder, and the first ends well.
+    The control: the same second run after the first has ended goes through (`..._redoes_what_changed` above)."""
+    import time
+    args = ['demo', '--out', tmp_path / 'o', '--max-files', '3', '--minutes', '0.05', '--agent-steps', '2']
+    path = [str(ROOT), os.environ.get('PYTHONPATH', '')]
+    first = subprocess.Popen([sys.executable, '-c', CLI, *map(str, args)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, 'PYTHONPATH': os.pathsep.join(path)})
+    for _ in range(600):   # past its data phase (whose folder has a lock of its own): training
+        if (tmp_path / 'o' / 'train').exists(): break
+        time.sleep(0.1)
+    second = apex3(CLI, *args, cwd=tmp_path)
+    assert first.wait(300) == 0, first.stderr.read()
+    assert second.returncode == 2 and second.stderr.count('\n') == 1, second.stderr
+    assert second.stderr.startswith('apex3 demo: error:') and 'being written by another run now' in second.stderr

@@ -2206,6 +2206,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.usage.is_fs_error': ('usage.html#is_fs_error', 'apex3/usage.py'),
                              'apex3.usage.is_out_of_memory': ('usage.html#is_out_of_memory', 'apex3/usage.py'),
                              'apex3.usage.load_target': ('usage.html#load_target', 'apex3/usage.py'),
+                             'apex3.usage.open_regular': ('usage.html#open_regular', 'apex3/usage.py'),
                              'apex3.usage.os_error_line': ('usage.html#os_error_line', 'apex3/usage.py'),
                              'apex3.usage.out_of_memory_line': ('usage.html#out_of_memory_line', 'apex3/usage.py'),
                              'apex3.usage.probe_writable': ('usage.html#probe_writable', 'apex3/usage.py'),

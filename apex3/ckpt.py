@@ -11,11 +11,11 @@ __all__ = ['SUMS', 'TMP', 'SUMS_BYTES', 'CKPT_OVERHEAD', 'ckpt_name', 'checkpoin
            'latest_checkpoint', 'load_component', 'load_checkpoint', 'rng_state', 'set_rng_state']
 
 # %% ../nbs/71_ckpt.ipynb #3ba48668
-import hashlib, logging, os, random, re, shutil, stat, sys
+import hashlib, logging, os, random, re, shutil, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch
-from .usage import UsageError, os_error_line, read_small_file
+from .usage import UsageError, open_regular, os_error_line, read_small_file
 
 _log = logging.getLogger('apex3.ckpt')
 SUMS = 'SHA256SUMS'   # the checksum file in every checkpoint
@@ -85,11 +85,10 @@ def save_file(obj, path) -> str:
     return w.h.hexdigest()
 
 def sha256_file(path) -> str:
-    """SHA-256 (hex) of a regular file (`hashlib.file_digest` reads it in pieces). A link, a device or a pipe is a
-    `ValueError`, opened without following or waiting: reading `/dev/zero`, or a pipe no one writes, never ends."""
-    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), 'rb') as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode): raise ValueError(f'{Path(path).name} is not a regular file')
-        return hashlib.file_digest(f, 'sha256').hexdigest()
+    """SHA-256 (hex) of a regular file (`hashlib.file_digest` reads it in pieces), opened by `open_regular` without
+    following a link: a device or a pipe is a `ValueError`, a link an `OSError`, as reading `/dev/zero` or a pipe no
+    one writes never ends."""
+    with open_regular(path, follow=False) as f: return hashlib.file_digest(f, 'sha256').hexdigest()
 
 # %% ../nbs/71_ckpt.ipynb #8dba5b75
 def write_sums(d, sums: dict):
@@ -142,7 +141,7 @@ def verify_checkpoint(path, files=None) -> list[str]:
         if name not in sums: return f'{name} is not listed in {SUMS}'
         try: return None if sha256_file(path / name) == sums[name] else f'{name} fails its checksum'
         except FileNotFoundError: return f'{name} is missing'
-        except ValueError as e: return str(e)
+        except ValueError: return f'{name} is not a regular file'
         except OSError as e: return f'{name}: {os.strerror(e.errno)}'   # a link (ELOOP), a folder, no permission
     with ThreadPoolExecutor(min(8, max(1, len(files)))) as ex:
         problems = [p for p in ex.map(check, files) if p]

@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['INT_MAX', 'STORAGE_ERRNOS', 'HOST_OOM_SIGNS', 'SMALLER', 'GiB', 'UsageError', 'ArgParser', 'in_range', 'utf8_text',
            'header_text', 'run_command', 'is_fs_error', 'os_error_line', 'is_out_of_memory', 'out_of_memory_line',
-           'probe_writable', 'read_small_file', 'free_port', 'warn_once', 'load_target', 'commands_usage']
+           'probe_writable', 'open_regular', 'read_small_file', 'free_port', 'warn_once', 'load_target',
+           'commands_usage']
 
 # %% ../nbs/000_usage.ipynb #6c0ec4ff
 import argparse, errno, importlib, math, os, re, sys, tempfile
@@ -149,17 +150,22 @@ def _silence_stdout():
 # %% ../nbs/000_usage.ipynb #6c139ba1
 import stat
 
-def read_small_file(path, limit: int, flag: str) -> bytes:
-    """The bytes of the regular file `path`, at most `limit` of them; anything else (a folder, a device, a file that
-    refuses reads) is a `UsageError` naming `flag` and `path`. Opened without waiting and without taking a terminal."""
-    def refuse(why): return UsageError(f'{flag} {path}: {why}')
-    try: fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError as e: raise refuse(e.strerror) from None
+def open_regular(path, follow=True):
+    """`path` opened to read without waiting (a FIFO no one writes) or taking a terminal, following a link unless
+    told not to; a `ValueError` where what it opened is not a regular file (a folder, a device, a pipe)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | (0 if follow else os.O_NOFOLLOW))
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise refuse('not a regular file')
+        raise ValueError(f'{path}: not a regular file')
+    return os.fdopen(fd, 'rb')
+
+def read_small_file(path, limit: int, flag: str) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them; anything else (a folder, a device, a file that
+    refuses reads) is a `UsageError` naming `flag` and `path`."""
+    def refuse(why): return UsageError(f'{flag} {path}: {why}')
     try:
-        with os.fdopen(fd, 'rb') as f: data = f.read(limit + 1)
+        with open_regular(path) as f: data = f.read(limit + 1)
+    except ValueError: raise refuse('not a regular file') from None
     except OSError as e: raise refuse(e.strerror or os.strerror(e.errno)) from None   # e.g. /proc files that refuse
     if len(data) > limit: raise refuse(f'larger than {limit:,} bytes')
     return data

@@ -60,7 +60,7 @@ def _stderr_tail(log, lines=3):
     its last `STDERR_TAIL_BYTES` only: a server may have written gigabytes there."""
     if log is None: return ''
     log.flush()
-    raw = log.buffer if hasattr(log, 'buffer') else log
+    raw = log.buffer   # (the text file `_bounded` makes: seek in bytes)
     raw.seek(max(0, raw.seek(0, os.SEEK_END) - STDERR_TAIL_BYTES))
     text = raw.read().decode(errors='replace')
     tail = [l.strip() for l in text.splitlines() if l.strip()][-lines:]
@@ -178,7 +178,6 @@ def _bounded(session_fn, target, timeout, what):
                            box.get('answered', False), log, str(stray), killed)
         if stray.count: print(f'warning: MCP server: {stray}', file=sys.stderr)
         return box['value']
-
 
 # %% ../../nbs/63_mcp.ipynb #5cc5369e
 def _as_spec(tool):

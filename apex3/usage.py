@@ -191,12 +191,16 @@ def warn_once(msg, logger):
 
 # %% ../nbs/000_usage.ipynb #10d479bc
 def load_target(target):
-    "The function a `module:function` string names, imported now; a `UsageError` if its module is not installed."
+    """The function a `module:function` string names, imported now; a `UsageError` if its module, or a package it
+    needs, is not installed."""
     mod, fn = target.split(':')
     try: m = importlib.import_module(mod)
     except ModuleNotFoundError as e:
-        if e.name != mod: raise   # the module is there but something it needs is missing: a real error
-        raise UsageError(f'{mod} is not part of this installation') from None
+        if e.name == mod: raise UsageError(f'{mod} is not part of this installation') from None
+        top = (e.name or '').split('.')[0]
+        if not top or top == mod.split('.')[0]: raise   # a module of the package itself is missing: a bug
+        raise UsageError(f"{mod} needs the Python package {top!r}, which is not installed: reinstall with its "
+                         f"dependencies (pip install -e .)") from None
     return getattr(m, fn)
 
 def commands_usage(prog, commands) -> str:

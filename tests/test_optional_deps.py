@@ -108,3 +108,24 @@ def test_every_help_exits_0_without_the_extras(blocked_report):
     assert {'generate --help', 'demo --help', 'agent demo --help', 'data run --help'} <= set(helps)
     bad = {argv: err[-600:] for argv, (rc, out, err) in helps.items() if rc != 0 or 'usage' not in out.lower()}
     assert bad == {}, bad
+
+
+def apex3_without(names, argv):
+    "(exit status, stdout, stderr) of `apex3 *argv` in a fresh interpreter that cannot import `names`."
+    code = (f'import sys; sys.path.insert(0, {str(RUNNER.parent)!r}); import blocked_extras as b; '
+            f'b.install_blocker({list(names)!r}); from apex3.cli import main; sys.exit(main({list(argv)!r}))')
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={**os.environ, 'PYTHONPATH': str(ROOT), 'MPLBACKEND': 'Agg'})
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_a_missing_base_package_is_one_line():
+    """An install without its dependencies (`pip install --no-deps`, a broken venv): a command whose module needs a
+    missing base package says so in one line and exits 2, naming the package, where it was an import traceback."""
+    rc, out, err = apex3_without(['zstandard'], ['data', '--help'])
+    assert rc == 2 and err.count('\n') == 1, err
+    assert err.startswith('apex3 data: error:') and "needs the Python package 'zstandard'" in err, err
+    assert out == ''
+    # controls: a command that does not need it runs; with nothing blocked, the same command's help exits 0
+    assert apex3_without(['zstandard'], ['plan', '--help'])[0] == 0
+    assert apex3_without([], ['data', '--help'])[:1] == (0,)

@@ -346,7 +346,8 @@ def test_compiled_batcher_rounds_rows_up_and_matches():
     from apex3.config import get_config
     from apex3.generate import Generator
     from apex3.model import Transformer
-    from apex3.serve import Batcher, Job, Params
+    from apex3.serve_batch import Batcher, Job
+    from apex3.serve_requests import Params
     torch.manual_seed(0)
     tiny = Transformer(get_config('tiny')).eval()
     rows = [[3, 1, 4], [1, 5, 9, 2], [6, 5], [3, 5, 8, 9, 7], [9, 3]]
@@ -745,7 +746,7 @@ def test_a_long_prompt_is_encoded_off_the_event_loop(server, monkeypatch, protec
     judged against the server's own encoding, timed where it runs."""
     import asyncio, random, threading, httpx2
     from apex3.serve import MAX_BODY
-    from apex3.serve import Texts
+    from apex3.serve_batch import Texts
     srv, _, url = server
     monkeypatch.setattr(Texts, 'min_tokens', lambda self, text: 0)   # the tokenizer reads it all: no early refusal
     if not protected:
@@ -787,7 +788,7 @@ def test_a_conversation_far_too_long_is_refused_before_it_is_encoded(demo, monke
     """A 2 MB message on a 512-position server is refused 400 in the shape of every too-long refusal, from a bound
     that costs no tokenizing (its bytes over the most a token stands for), in a fraction of the time the tokenizer
     takes over it. The control, the bound off, gives the same 400 with the exact count after encoding it all."""
-    from apex3.serve import Texts
+    from apex3.serve_batch import Texts
     model, tok, *_ = demo
     if not protected: monkeypatch.setattr(Texts, 'min_tokens', lambda self, text: 0)
     srv = Server(model, tok, 'demo', max_batch=2, max_len=512, max_body=4 << 20)
@@ -839,7 +840,7 @@ _texts = st.text(st.characters(blacklist_categories=('Cs',)), max_size=200) | st
 @given(_texts)
 def test_the_bound_is_a_lower_bound(demo, text):
     "Over any text (the tokenizer's longest tokens packed tight among them), the bound is at most the true count."
-    from apex3.serve import Texts
+    from apex3.serve_batch import Texts
     texts = Texts(demo[1])
     assert texts.min_tokens(text) <= len(texts.encode(text))
 
@@ -848,7 +849,7 @@ def test_no_bound_where_the_tokenizer_may_drop_text():
     """A tokenizer whose pre-tokenizer drops whitespace encodes a kilobyte of spaces as no token at all: no bound from
     its vocabulary could hold, and `Texts` takes none (the prompt is then counted by encoding it)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from apex3.serve import Texts
+    from apex3.serve_batch import Texts
     t = Tokenizer(models.BPE(vocab={'a': 0, 'b': 1}, merges=[]))
     t.pre_tokenizer = pre_tokenizers.Whitespace()
     assert len(t.encode(' ' * 1000).ids) == 0
@@ -1006,7 +1007,7 @@ def test_a_stop_string_matches_only_finished_characters(demo, monkeypatch, prote
     the 'é's it finished and stops only at the one left unfinished at the end. The control, stop strings matched in
     text that is not settled: the first half of the first 'é' is taken for the stop and the reply is empty."""
     import copy
-    from apex3.serve import TextStream
+    from apex3.serve_batch import TextStream
     model, tok, *_ = demo
     if not protected: monkeypatch.setattr(TextStream, '_settled', staticmethod(lambda text: text))
     cafe = copy.deepcopy(model)

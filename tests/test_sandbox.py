@@ -2,8 +2,8 @@
 import contextlib, errno, io, os, pathlib, shutil, stat, subprocess, sys, tempfile, time
 import pytest
 from apex3.usage import UsageError, run_command
-from apex3.agent.sandbox import (_plain, SANDBOX_UID, BwrapSandbox, DockerSandbox, Limits, Workspace, bwrap_argv,
-                                 get_sandbox, docker_client)
+from apex3.agent.sandbox import BwrapSandbox, DockerSandbox, Limits, bwrap_argv, get_sandbox, docker_client
+from apex3.agent.workspace import _plain, SANDBOX_UID, Workspace
 from apex3.agent.escapes import (SUITE_LIMITS as SUITE, SUITE_ROWS, BAIT_VAR, NullSandbox, control_suite, escape_suite,
                                  escape_table, sandbox_main)
 
@@ -434,7 +434,7 @@ def test_no_path_the_run_leaves_resolves_outside_the_folder(open_folder, caplog,
 CHAINED_LINKS = ('mkdir d; p=d; for i in $(seq 200); do '
                  't=$(printf "d/../%.0s" $(seq 400))$p; ln -s "$t" l$i; p=l$i; done')
 UNBOUNDED_WALK = ('import os, sys\n'
-                  'from apex3.agent.sandbox import _walk_link\n'
+                  'from apex3.agent.workspace import _walk_link\n'
                   'top = sys.argv[1]\n'
                   'for n in sorted(os.listdir(top)):\n'
                   '    if n.startswith("l"): _walk_link(top, n, top, {}, budget=[10**12])\n')
@@ -512,7 +512,7 @@ def test_a_folder_swapped_for_a_link_is_not_given_back_through(open_folder, monk
     """The folder is given back by descriptor: a folder of the run that another process as the sandbox's uid swaps for
     a link to elsewhere while it is given back is not entered, and the file there keeps its owner. The control: a
     chown by path after the same swap reaches that file through the link."""
-    from apex3.agent import sandbox as sbm
+    from apex3.agent import workspace as sbm
     owner, folder, elsewhere = (1234, 2345), open_folder, pathlib.Path(tempfile.mkdtemp())
     os.chown(folder, *owner)
     try:
@@ -540,7 +540,7 @@ def test_a_folder_swapped_for_a_link_is_not_tidied_through(open_folder, monkeypa
     """A link the run leaves out of the folder is removed where it is, by descriptor: its folder swapped meanwhile for
     a link to elsewhere, root does not remove the file of that name there. The control: a removal by path after the
     same swap does."""
-    from apex3.agent import sandbox as sbm
+    from apex3.agent import workspace as sbm
     folder, elsewhere = open_folder, pathlib.Path(tempfile.mkdtemp())
     try:
         (elsewhere / 'out').write_text('the host keeps this')
@@ -565,9 +565,9 @@ DEPTH, NAME = 200, 'd' * 30   # folders the run nests: past the 64 files the clo
 NEST = ('import os\nfor _ in range(%d): os.mkdir("%s"); os.chdir("%s")\n'
         'os.symlink("/etc/shadow", "out"); open("u", "w").close(); os.chmod("u", 0o4755)' % (DEPTH, NAME, NAME))
 CLOSE_WITH_FEW_FILES = ('import resource, sys\n'
-                        'from apex3.agent import sandbox as sbm\n'
+                        'from apex3.agent import sandbox as sbm, workspace\n'
                         'folder, levels = sys.argv[1], int(sys.argv[2])\n'
-                        'sbm.OPEN_LEVELS = levels\n'
+                        'workspace.OPEN_LEVELS = levels\n'
                         'sb = sbm.BwrapSandbox(sbm.Limits(wall_s=20), workdir=folder, without={"disk quota"})\n'
                         'assert sb.run(["python3", "-c", sys.argv[3]]).ok\n'
                         'resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n'
@@ -636,7 +636,7 @@ def test_a_workdir_named_through_a_link_is_the_folder_it_names(open_folder, tmp_
     arrives in it, and it is given back to its owner, with the quota (copied back) and without (written in place).
     The control: the folder opened by the name given, without following a link, as every step after the first does,
     is refused."""
-    from apex3.agent.sandbox import _DIR_NOFOLLOW
+    from apex3.agent.workspace import _DIR_NOFOLLOW
     owner, folder, link = (4242, 4343), open_folder, tmp_path / 'link'
     os.chown(folder, *owner)
     link.symlink_to(folder)
@@ -657,7 +657,7 @@ def test_the_workspace_is_read_only_while_it_is_copied_back(open_folder, monkeyp
     copy. The workspace is made read-only first: that change, tried as the link is copied, fails (EROFS) and the link
     comes back as it was checked. The control: with the workspace left writable, the same change brings a link to
     /etc/shadow into the named folder."""
-    from apex3.agent import sandbox as sbm
+    from apex3.agent import workspace as sbm
     def retarget_in_copy_back(folder, freeze):
         "Close a run on `folder` that made `a` and the link `l` to it, retargeting `l` as it is copied: (what, target)."
         sb = BwrapSandbox(Limits(wall_s=20, disk_mb=8), workdir=str(folder))
@@ -725,7 +725,7 @@ def test_the_owner_cannot_turn_the_copy_back_into_a_root_only_folder(open_folder
     folder (the staging folder, and the one what the folder held moves aside to) for a link to a root-only folder as
     the first file is copied: nothing lands in the root-only folder, and the run's files come back, the owner's. The
     control: a copy by path into a staging folder after the same swap writes into the root-only folder."""
-    from apex3.agent import sandbox as sbm
+    from apex3.agent import workspace as sbm
     folder = open_folder
     os.chown(folder, *OWNER)
     ws = Workspace(str(folder), disk_mb=4)
@@ -753,7 +753,7 @@ def test_the_owner_cannot_turn_the_copy_in_to_a_root_only_folder(open_folder, va
     a secret after the copy in has listed `d` and before it goes in: no copy of the secret's bytes is in the workspace
     (read from the host) or comes back, and the root-only folder is as it was. The control: the same swap between a
     listing and a copy by path copies the secret."""
-    from apex3.agent import sandbox as sbm
+    from apex3.agent import workspace as sbm
     def lent(folder):
         (folder / 'd').mkdir()
         (folder / 'd' / 'f').write_text('mine')
@@ -860,7 +860,7 @@ def test_a_named_folder_holding_what_its_owner_does_not_own_is_refused(open_fold
     status 2, one line naming the first such entry and its owner, the sandbox never started, the file root's and the
     folder as it was. The control: without the check the sandbox reads the secret, and after the copy back the owner
     owns it."""
-    from apex3.agent import sandbox as sbm
+    from apex3.agent import workspace as sbm
     folder, first = open_folder, shape.split('/')[0]
     _lend_with(folder, shape)
     rc, out, err = _cli('--workdir', str(folder), '--disk', '8', '--', 'cat', shape)
@@ -881,7 +881,7 @@ def _empty_files(folder, n):
 def test_a_named_folder_with_more_entries_than_the_workspaces_inodes_is_refused(open_folder, monkeypatch):
     """--disk 8 gives the workspace 1024 inodes, one its top's: 1023 empty files go in, 1100 are refused in one line
     naming the count, the limit and --disk. The control: without the count the copy stops on ENOSPC naming a file."""
-    from apex3.agent import sandbox as sbm
+    from apex3.agent import workspace as sbm
     _empty_files(open_folder, 1023)
     Workspace(str(open_folder), disk_mb=8).close()
     _empty_files(open_folder, 1100)
@@ -900,7 +900,7 @@ def test_what_the_copy_back_cannot_remove_is_named_in_a_warning(open_folder, cap
     """The named folder holds sub/f marked immutable (`chattr +i`): the run's files come back, and what the copy back
     moved aside but could not remove stays in its hidden folder, named in one warning line with that folder. The
     control: the same folder without the mark leaves no hidden folder and no warning."""
-    from apex3.agent.sandbox import STAGING
+    from apex3.agent.workspace import STAGING
     folder = open_folder
     (folder / 'sub').mkdir()
     (folder / 'sub' / 'f').write_text('frozen')
@@ -925,7 +925,7 @@ def test_what_the_copy_back_cannot_remove_is_named_in_a_warning(open_folder, cap
 
 def _workspace_process(then):
     "A Python that makes a 1 MiB workspace, prints its folder, then runs `then`: (process, folder)."
-    code = f'from apex3.agent.sandbox import Workspace; w = Workspace(disk_mb=1); print(w.path, flush=True); {then}'
+    code = f'from apex3.agent.workspace import Workspace; w = Workspace(disk_mb=1); print(w.path, flush=True); {then}'
     p = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
     return p, p.stdout.readline().strip()
 

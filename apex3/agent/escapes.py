@@ -10,8 +10,9 @@ __all__ = ['BAIT_VAR', 'ESCAPES', 'SUITE_ROWS', 'SUITE_LIMITS', 'HostBait', 'esc
 import contextlib, json, os, secrets, shutil, signal, socket, subprocess, sys, tempfile, threading, time, weakref
 from dataclasses import replace
 from ..usage import UsageError, ArgParser, in_range, os_error_line, run_command
-from .sandbox import (SANDBOX_UID, BwrapSandbox, DockerSandbox, Limits, Sandbox, SandboxResult,
-                                 docker_client, get_sandbox, run_limited, tree_mb)
+from .sandbox import (BwrapSandbox, DockerSandbox, Limits, Sandbox, SandboxResult, docker_client,
+                                 get_sandbox, run_limited)
+from .workspace import SANDBOX_UID, tree_mb
 
 # %% ../../nbs/62a_escapes.ipynb #45c25924
 def _host_ip():

@@ -18,15 +18,15 @@ if __name__ == '__main__' and not hasattr(sys, 'ps1') and (rc := run_command('be
     sys.exit(rc)
 
 # %% ../nbs/25_bench.ipynb #55058469
-import contextlib, dataclasses, logging, math, os, statistics, threading, time
+import dataclasses, logging, math, os, statistics, threading, time
 import torch
 from .usage import UsageError, probe_writable
 from .config import param_counts, get_config
 from .records import append_records, device_peak_tflops, load_records, records_path, GiB
 from .optim import fused_here, build_optimizer
 from .model import fa3_version, Transformer
-from .settings import (RunSettings, BenchSettings, bench_parser, bench_settings, settings_from_args,
-                            run_flags, check_run_settings, check_bench_settings, check_device)
+from .settings import (RunSettings, BenchSettings, bench_parser, bench_settings, run_flags,
+                            check_bench_settings, check_device)
 from .offload.memory import PinnedPool
 from .offload.host_optim import OffloadOptimizer
 from .run import Run, micro_flops, micro_step, last_micro_starts, optimizer_step, status_gib, host_memory

@@ -10,11 +10,11 @@ __all__ = ['GATHER_TOKENS', 'grouped_experts', 'LAUNCHES', 'STEP_GRAPHS', 'HBM_B
            'doc_start', 'Session', 'hbm_bytes_per_s', 'decode_bytes', 'build_model', 'recompute_decode']
 
 # %% ../nbs/11_generate.ipynb #71897393
-import copy, functools, logging, math, time
+import copy, functools, logging, math
 from dataclasses import dataclass
 import torch, torch.nn as nn, torch.nn.functional as F
-from .model import Transformer, Experts, apply_rope, route, expert_counts, swiglu, rope_cos_sin, generate
-from .config import get_config, param_components
+from .model import Transformer, apply_rope, route, expert_counts, swiglu, rope_cos_sin
+from .config import param_components
 from .kernels.decode_attention import decode_attention
 from .kernels.gemv import chosen_experts, gemv_ok, moe_gemv, mul_sum_linear, norm_qkv, row_gemv, stored_linear
 from .usage import UsageError

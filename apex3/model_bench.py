@@ -11,8 +11,8 @@ __all__ = ['RECORDS_FILE', 'DECODE_RECORDS', 'METHODS', 'CPU_RUNS', 'bench_matmu
 # %% ../nbs/12_model_bench.ipynb #4ec88859
 import torch
 from .config import ModelConfig, get_config
-from .model import MoE, attend, attention_meta, backend_available, fa3_version, graph_break_count
-from .records import append_records, latest_run, load_records, time_fn
+from .model import MoE, attend, attention_meta, backend_available, fa3_version
+from .records import append_records, time_fn
 RECORDS_FILE = 'model.jsonl'   # records/model.jsonl: one file, rows told apart by `kind`
 
 # %% ../nbs/12_model_bench.ipynb #1041a034

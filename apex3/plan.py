@@ -12,7 +12,7 @@ __all__ = ['GPUS', 'RECOMPUTE', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACTION', '
            'diloco_host_bytes', 'gpus_main']
 
 # %% ../nbs/00_plan.ipynb #3119e2a9
-import dataclasses, difflib, functools, json, math, re
+import dataclasses, difflib, math, re
 from decimal import Decimal
 from dataclasses import dataclass
 from .usage import ArgParser, UsageError

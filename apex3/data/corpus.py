@@ -4,7 +4,7 @@
 
 # %% ../../nbs/5a_corpus.ipynb #7dd56452
 from __future__ import annotations
-import ast, gzip, json, os, random, re, shutil, sysconfig
+import ast, gzip, json, random, re, shutil, sysconfig
 from pathlib import Path
 from .core import Document, write_docs, stdlib_files
 from .dedup import near_copy

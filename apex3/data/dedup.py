@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np, xxhash
 from .core import (Document, Stage, TaskContext, list_shards, read_docs, read_jsonl_zst_bytes,
                              write_jsonl_zst, atomic_write_bytes)
-from .decontaminate import text_word_hashes, ngram_hashes, mix64, FNV_PRIME, word_spans
+from .decontaminate import ngram_hashes, mix64, FNV_PRIME, word_spans
 
 # %% auto #0
 __all__ = ['MinHasher', 'exact_hash', 'batch_word_hashes', 'batches', 'Signatures', 'equal_runs', 'candidate_pairs',

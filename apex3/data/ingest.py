@@ -6,11 +6,11 @@
 from __future__ import annotations
 import glob, gzip, io, json, os, re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 import numpy as np, zstandard
-from .core import Document, Stage, TaskContext, write_docs, write_jsonl_zst, read_docs, without_surrogates
+from .core import Document, Stage, write_docs, write_jsonl_zst, without_surrogates
 from .scrub import redacted_preview
 
 # %% auto #0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os, subprocess, time
 from pathlib import Path
 from ..usage import free_port
-from .core import LocalExecutor, RayExecutor, MapStage, Step
+from .core import Step
 
 # %% auto #0
 __all__ = ['LocalRay', 'Slow']

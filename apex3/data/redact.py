@@ -4,10 +4,10 @@
 
 # %% ../../nbs/55_redact.ipynb #0cc22cee
 from __future__ import annotations
-import base64, json, random, re
+import base64, json, re
 from collections import Counter
 from .core import Document, Step
-from .scrub import SECRET_PLUGINS, FAMILY_RULES, FAMILIES, redacted_preview, scrub
+from .scrub import SECRET_PLUGINS, FAMILY_RULES, scrub
 
 # %% auto #0
 __all__ = ['SECRET_OR_EMAIL_RE', 'SUITE_KINDS', 'PLACEHOLDER_RE', 'Redact', 'fake_secrets', 'secret_values', 'secret_cases',

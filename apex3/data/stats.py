@@ -4,7 +4,7 @@
 
 # %% ../../nbs/5c_stats.ipynb #4d167f26
 from __future__ import annotations
-import glob, json
+import json
 from pathlib import Path
 import numpy as np, pandas as pd
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, os
 from pathlib import Path
 import numpy as np
-from .core import Document, Stage, list_shards, read_docs, atomic_write_bytes
+from .core import Stage, list_shards, read_docs, atomic_write_bytes
 
 # %% auto #0
 __all__ = ['EOS', 'SPECIAL_TOKENS', 'train_bpe', 'load_tokenizer', 'token_dtype', 'sample_texts', 'TrainTokenizer',

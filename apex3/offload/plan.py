@@ -14,7 +14,7 @@ import dataclasses, itertools, json, math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from ..usage import ArgParser, UsageError
-from .constants import (GiB, CHUNK_BYTES, PRELOAD_GIB, PRELOAD_GIB_BY_MASTERS, GPU_HEADROOM_GIB,
+from .constants import (GiB, CHUNK_BYTES, PRELOAD_GIB_BY_MASTERS, GPU_HEADROOM_GIB,
                                      ACT_PREFETCH_GIB, MASTER_BYTES)
 from ..plan import (MEM_FRACTION, BYTES, STATE_BYTES, DILOCO_BYTES, find_gpu, plan, diloco_plan, config_params,
                         diloco_host_bytes, parse_number, read_figure, positive, at_least, one_of)

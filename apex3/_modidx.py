@@ -1724,6 +1724,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'apex3.offload.memory.is_gemm_module': ( 'offload_memory.html#is_gemm_module',
                                                                                'apex3/offload/memory.py'),
                                       'apex3.offload.memory.join_master_': ('offload_memory.html#join_master_', 'apex3/offload/memory.py'),
+                                      'apex3.offload.memory.mark_gemm': ('offload_memory.html#mark_gemm', 'apex3/offload/memory.py'),
                                       'apex3.offload.memory.split_master_': ( 'offload_memory.html#split_master_',
                                                                               'apex3/offload/memory.py')},
             'apex3.offload.overlap': { 'apex3.offload.overlap.EarlyStream': ('overlap.html#earlystream', 'apex3/offload/overlap.py'),

@@ -63,8 +63,9 @@ def compile_blocks(model):
 def mark_gemms(model):
     "Let `--gemm-offload hooks` see the grouped expert GEMMs, which are not `nn.Linear` modules."
     from apex3.model import Experts
+    from apex3.offload.memory import mark_gemm
     for m in model.modules():
-        if isinstance(m, Experts): m._apex3_gemm = True
+        if isinstance(m, Experts): mark_gemm(m)
 
 # %% ../nbs/24_run.ipynb #643058d7
 def status_gib(field='VmRSS') -> float:

@@ -21,7 +21,7 @@ __all__ = ['ZST_PIECE', 'MAX_DOC_BYTES', 'MAX_SHARD_LINE', 'RULE_END', 'LOCK', '
            'write_jsonl_zst', 'DamagedFile', 'zst_pieces', 'read_zst', 'zst_lines', 'read_jsonl_zst',
            'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'whole', 'NumberRule', 'number', 'Step', 'TaskContext',
            'Stage', 'marker_path', 'is_done', 'run_task', 'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards',
-           'write_task_outputs', 'MapStage', 'FolderBusy', 'holding', 'Executor', 'remove_stale_temps',
+           'write_task_outputs', 'MapStage', 'FolderBusy', 'holding', 'Executor', 'remove_stale_temps', 'pending_tasks',
            'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor',
            'stdlib_files']
 
@@ -425,7 +425,7 @@ def _remove_task_outputs(stage, marker: Path):
         if f.is_file(): f.unlink()
     marker.unlink(missing_ok=True)
 
-def _pending(stage, restart=False) -> list:
+def pending_tasks(stage, restart=False) -> list:
     """The unfinished tasks of `stage`, its folder cleared of what killed writers left there first. Tasks finished
     with other parameters or inputs are a `StaleTasks` (reusing them would mix old and new results silently); with
     `restart` they are redone instead, and the outputs of tasks the stage no longer has are deleted."""
@@ -555,6 +555,12 @@ def _taken(pop):
     try: return pop()
     except IndexError: return None
 
+def _pool_processes(pool) -> dict:
+    """`{pid: Process}` of a `ProcessPoolExecutor`'s workers (a copy); empty once it is shut down. multiprocessing
+    offers no public list of a pool's workers, and ending them (Ctrl-C) or naming the one that died needs it: this
+    reads the executor's private `_processes`, here alone."""
+    return dict(getattr(pool, '_processes', None) or {})
+
 class LocalExecutor(Executor):
     """Run a stage's unfinished tasks in this process and a pool of `workers - 1` processes (this one alone when
     `workers == 1`); one pool for every stage."""
@@ -592,7 +598,7 @@ class LocalExecutor(Executor):
         "End the pool: after its running tasks, or `now` (Ctrl-C: the workers ignore it) with SIGTERM."
         if self._pool is not None:
             if now:
-                for p in list((getattr(self._pool, '_processes', None) or {}).values()): p.terminate()
+                for p in _pool_processes(self._pool).values(): p.terminate()
             self._pool.shutdown(cancel_futures=True)
             self._feeder.shutdown()
             self._pool = self._feeder = None
@@ -626,7 +632,7 @@ class LocalExecutor(Executor):
         finally: todo.clear()  # after a failure here the feeder starts no more tasks
     def run_tasks(self, stage) -> list:
         import concurrent.futures as cf
-        todo = _pending(stage, self.restart)
+        todo = pending_tasks(stage, self.restart)
         quiet = True if not self.progress or not todo else None  # None: only on a terminal (a log gets no bars)
         bar = _progress_bar(len(todo), stage.name, quiet)
         if todo: keep_freed_memory()  # this process runs tasks
@@ -637,7 +643,7 @@ class LocalExecutor(Executor):
         else:
             try: self._share(stage, todo, bar)
             except cf.process.BrokenProcessPool:
-                procs = dict(getattr(self._pool, '_processes', None) or {})  # gone once the pool is shut down
+                procs = _pool_processes(self._pool)  # gone once the pool is shut down
                 started = self._drain()
                 self.close()
                 raise WorkerDied(worker_died_line(stage, {p: x.exitcode for p, x in procs.items()}, started)) from None
@@ -660,7 +666,7 @@ class RayExecutor(Executor):
             ray.init(address=self.address, num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False)
         # a task whose worker died runs again
         remote = ray.remote(max_retries=self.max_retries, num_cpus=self.task_cpus)(run_task)
-        refs = [remote.remote(stage, i) for i in _pending(stage, self.restart)]
+        refs = [remote.remote(stage, i) for i in pending_tasks(stage, self.restart)]
         quiet = True if not self.progress or not refs else None
         with tqdm(total=len(refs), desc=f'{stage.name} (ray)', disable=quiet, leave=False) as bar:
             while refs:

@@ -8,7 +8,7 @@ import hashlib, logging, os, re, time
 from pathlib import Path
 from urllib.parse import urlparse
 from ..usage import UsageError
-from .core import Stage, run_task, _pending
+from .core import Stage, run_task, pending_tasks
 from .identity import remove_unused_records
 
 # %% auto #0
@@ -122,7 +122,7 @@ def run_downloads(stage, workers=4, progress=True, restart=False) -> list:
     partial files no task resumes are deleted first."""
     import concurrent.futures as cf
     from tqdm.auto import tqdm
-    todo = _pending(stage, restart)
+    todo = pending_tasks(stage, restart)
     for p in abandoned_parts(stage): p.unlink(missing_ok=True)
     failed = []
     bar = tqdm(total=len(todo), desc=stage.name, disable=not progress or not todo)

@@ -6,7 +6,7 @@ moved and an outer optimizer with momentum moves the shared weights."""
 # %% auto #0
 __all__ = ['SCALE', 'float_tensors', 'local_weights', 'set_weights', 'shard_of', 'full_of', 'Outer', 'outer_step',
            'pseudo_gradient', 'average', 'outer_stats', 'encode', 'decode', 'expected_encoding', 'payload_bytes',
-           'DiLoCo', 'mean_of', 'diloco_round', 'DistTransport', 'init_worker_groups']
+           'Transport', 'DiLoCo', 'mean_of', 'diloco_round', 'DistTransport', 'init_worker_groups']
 
 # %% ../../nbs/40_diloco.ipynb #15ba88d0
 import logging, math, time
@@ -15,14 +15,11 @@ import torch, torch.distributed as dist
 from torch.distributed.tensor import DTensor, distribute_tensor
 from ..usage import UsageError
 from ..settings import COMPRESS   # the encodings `--diloco-compress` offers
+from ..offload.host_optim import master_slots
 
 _log = logging.getLogger('apex3.diloco')
 
 # %% ../../nbs/40_diloco.ipynb #8f885478
-def _masters(opt) -> dict:
-    "`id(parameter) -> its slot` of an offloading optimizer, which keeps its FP32 master (empty for an ordinary one)."
-    return {id(s.p): s for s in getattr(opt, 'slots', ())}
-
 def float_tensors(model) -> dict:
     "Every floating-point parameter and buffer of `model`, by state-dict name."
     named = dict(model.named_parameters())
@@ -36,8 +33,7 @@ def _local(t):
 def local_weights(model, opt=None) -> dict:
     """The worker's FP32 weights (CPU copies) by name: the offloaded masters where there are some, else the model's own;
     under FSDP2, this rank's shards."""
-    if hasattr(opt, '_landed'): opt._landed()   # the host masters are final once the step's write-backs are done
-    m = _masters(opt)
+    m = master_slots(opt)   # the host masters, once the step's write-backs are done
     copied = lambda t: _local(t).detach().to('cpu', torch.float32, copy=True)
     return {n: copied(m[id(t)].fp32_master() if id(t) in m else t) for n, t in float_tensors(model).items()}
 
@@ -45,8 +41,7 @@ def local_weights(model, opt=None) -> dict:
 def set_weights(model, opt, weights: dict):
     """Overwrite the model's weights (and the offloaded masters) with `weights` (under FSDP2 this rank's shards, or full
     tensors, which are cut to them); the inner optimizer's state stays."""
-    if hasattr(opt, '_landed'): opt._landed()
-    m = _masters(opt)
+    m = master_slots(opt)
     for n, t in float_tensors(model).items():
         w = weights[n]
         if isinstance(t, DTensor) and w.shape != t.to_local().shape: w = shard_of(w, t)
@@ -136,12 +131,32 @@ def payload_bytes(shapes: dict, how: str) -> int:
     size = {torch.float32: 4, torch.bfloat16: 2, torch.int8: 1}
     return sum(size[dt] * math.prod(s) for dt, s in expected_encoding(shapes, how).values())
 
+# %% ../../nbs/40_diloco.ipynb #d2e79e6c
+class Transport:
+    """What carries a round between DiLoCo workers: `exchange` is each transport's own; the other hooks do nothing
+    unless a transport overrides them."""
+    joins_round = False   # a worker that has just caught up still enters the round (adding nothing)
+
+    def exchange(self, rnd: int, enc: dict, tokens: int) -> tuple:
+        "This worker's encoded pseudo-gradient `enc` of round `rnd` out, the round's (mean, ranks, record fields) back."
+        raise NotImplementedError(f'{type(self).__name__} defines no `exchange`: it carries no round')
+
+    def newer_state(self, dl) -> tuple | None:
+        "Before a round: `(state, record)` of a peer's global state for `dl` to adopt, if `dl` is behind; else None."
+        return None
+
+    def committed(self, dl):
+        "After `dl`'s global state changed (a round, a catch-up, the start): e.g. publish it."
+
+    def finish(self, dl):
+        "At the end of a run: e.g. serve what peers still need."
+
 # %% ../../nbs/40_diloco.ipynb #d4b2ef0f
 @dataclass
 class DiLoCo:
     "The global state of a DiLoCo worker and its round: pseudo-gradient, exchange, average, outer step."
     glob: dict                       # name -> FP32 global weights
-    transport: object = None         # `exchange(round, enc, tokens) -> (mean pseudo-gradient, ranks, record)`
+    transport: Transport = field(default_factory=Transport)   # carries the rounds between the workers
     outer: Outer = field(default_factory=Outer)
     compress: str = 'fp32'
     mom: dict = None                 # name -> FP32 outer momentum
@@ -165,7 +180,7 @@ class DiLoCo:
         stats = outer_stats(self.mom, mean, self.outer)
         outer_step(self.glob, self.mom, mean, self.outer)
         self.round, self.tokens = self.round + 1, int(tokens)
-        if hasattr(self.transport, 'committed'): self.transport.committed(self)   # e.g. publish the new global state
+        self.transport.committed(self)   # e.g. publish the new global state
         rec = dict(diloco_round=self.round, diloco_ranks=sorted(ranks),
                    diloco_payload_bytes=payload_bytes(self.shapes, self.compress), **rec, **stats,
                    diloco_s=time.perf_counter() - t0)
@@ -173,22 +188,21 @@ class DiLoCo:
 
     def catch_up(self):
         "Adopt a peer's newer global state if the transport has one (a late join, a worker behind); its record."
-        newer = getattr(self.transport, 'newer_state', None)
-        if newer is None or (got := newer(self)) is None: return None
+        if (got := self.transport.newer_state(self)) is None: return None
         state, rec = got
         self.load_state_dict(state)
-        if hasattr(self.transport, 'committed'): self.transport.committed(self)
+        self.transport.committed(self)
         return rec
 
     def start(self):
         "Before the first round: catch up with a peer that is ahead (a late join), else publish the starting state."
         rec = self.catch_up()
-        if rec is None and hasattr(self.transport, 'committed'): self.transport.committed(self)
+        if rec is None: self.transport.committed(self)
         return rec
 
     def finish(self):
         "At the end of a run: let the transport serve what peers still need (the `files` transport waits for them)."
-        if hasattr(self.transport, 'finish'): self.transport.finish(self)
+        self.transport.finish(self)
 
     def state_dict(self):
         "Full FP32 tensors (under FSDP2 gathered over the worker's ranks: every rank must call it)."
@@ -215,7 +229,7 @@ def diloco_round(dl: DiLoCo, model, opt, tokens=0) -> dict:
     A worker that catches up skips the round, or (`transport.joins_round`) enters it adding nothing."""
     caught = dl.catch_up()
     rec = caught or {}
-    if caught is None or getattr(dl.transport, 'joins_round', False):
+    if caught is None or dl.transport.joins_round:
         rec = {**rec, **dl.step(dict(dl.glob) if caught else local_weights(model, opt), tokens)[1]}
     set_weights(model, opt, dl.glob)
     return rec
@@ -266,7 +280,7 @@ def _over_worker(x: int, op=dist.ReduceOp.SUM) -> int:
 def _default_device():
     return torch.device('cuda', torch.cuda.current_device()) if dist.get_backend() == 'nccl' else torch.device('cpu')
 
-class DistTransport:
+class DistTransport(Transport):
     """Average the pseudo-gradients over the workers of `pg` (a gloo group, one rank per worker): `allreduce` (int8:
     `allgather`). A peer that dies or misses `pg`'s deadline fails the collective: this worker averages itself alone
     from then on, and says so. Workers restarted at different rounds: those behind take the newest global state."""

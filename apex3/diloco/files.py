@@ -18,7 +18,7 @@ from safetensors.torch import save as st_save, load as st_load
 from ..usage import UsageError
 from ..settings import listen_address
 from ..ckpt import SUMS, fsync_dir, replace_file, write_sums, write_synced, verify_checkpoint
-from .core import SCALE, expected_encoding, payload_bytes, mean_of
+from .core import SCALE, Transport, expected_encoding, payload_bytes, mean_of
 
 _log = logging.getLogger('apex3.diloco')
 
@@ -81,6 +81,7 @@ def prune_rounds(root, keep_from: int):
 # %% ../../nbs/41_diloco_files.ipynb #b7a96976
 class DirPeer:
     "A peer's `--diloco-dir`, reached as a directory (shared or synced)."
+    reachable = True   # a file is there or not: only a server can be out of reach
     def __init__(self, path): self.root, self.name = Path(path), str(path)
     def read(self, name, limit):
         if not SERVED.fullmatch(name): raise Rejected('path', f'{name!r} is not a name a peer serves')
@@ -210,12 +211,12 @@ def fetch_payload(peer, rnd, key, base, shapes, how, workers, me):
 # %% ../../nbs/41_diloco_files.ipynb #04fdabfe
 GLOBAL_FILES = ('global.safetensors', 'momentum.safetensors')
 
-class FilesTransport:
+class FilesTransport(Transport):
     "DiLoCo rounds through published files: this worker's `root`, its peers' directories or URLs, one HMAC key."
     def __init__(self, root, peers, key: bytes, rank, workers, how='fp32', shapes=None, timeout=600.0, poll_s=0.05):
         if len(key) < 16: raise UsageError('--diloco-key must be at least 16 bytes')
         self.root, self.key, self.rank, self.workers, self.how = Path(root), key, rank, workers, how
-        self.peers = [p if hasattr(p, 'read') else make_peer(str(p)) for p in peers]
+        self.peers = [make_peer(str(p)) if isinstance(p, (str, os.PathLike)) else p for p in peers]
         self.shapes, self.timeout, self.poll_s, self.base = shapes, timeout, poll_s, None
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -290,7 +291,7 @@ class FilesTransport:
                 try: m = _manifest(p, POINTER, self.key)
                 except Rejected: m = None
                 # a server that went away was a peer that had finished (it only leaves once its peers have)
-                gone = m is None and not getattr(p, 'reachable', True)
+                gone = m is None and not p.reachable
                 if gone or isinstance(m, dict) and _int(m.get('round')) >= dl.round: done.append(p)
             left = [p for p in left if p not in done]
             if left: time.sleep(self.poll_s)

@@ -11,11 +11,11 @@ import copy
 import torch, torch.distributed as dist
 from ..usage import free_port
 from torch.distributed.tensor import DTensor
-from .core import (DiLoCo, DistTransport, Outer, diloco_round, encode, init_worker_groups, local_weights,
-                               mean_of, pseudo_gradient, set_weights)
+from .core import (DiLoCo, DistTransport, Outer, Transport, diloco_round, encode, init_worker_groups,
+                               local_weights, mean_of, pseudo_gradient, set_weights)
 
 # %% ../../nbs/40a_diloco_toy.ipynb #a85b89c7
-class ListTransport:
+class ListTransport(Transport):
     "Hands every worker's payload to the round's average inside one process (the simulation's transport)."
     def __init__(self, payloads: dict, how: str): self.payloads, self.how = payloads, how
     def exchange(self, rnd, enc, tokens):

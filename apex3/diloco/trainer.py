@@ -69,7 +69,7 @@ class DilocoHook(TrainHook):
         that joins returns the round's step and token count, so that its schedule and rounds line up."""
         dl = self.dl
         if resumed:
-            if hasattr(dl.transport, 'committed'): dl.transport.committed(dl)
+            dl.transport.committed(dl)
             return None
         joined = dl.start()
         set_weights(self.model, self.opt, dl.glob)

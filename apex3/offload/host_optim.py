@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['resident_bytes', 'choose_resident', 'HostStore', 'GradientInbox', 'UpdateSchedule', 'ChunkMover', 'Preloader',
-           'OffloadOptimizer']
+           'OffloadOptimizer', 'master_slots']
 
 # %% ../../nbs/20a_host_optim.ipynb #7731ea9f
 import contextlib, itertools, logging, math, time
@@ -619,7 +619,7 @@ class OffloadOptimizer:
         self.preloader.drop()   # preloaded chunks: their loads land before the ring's memory goes
         if self.early is not None: self.early.disarm()
 
-    def _landed(self):
+    def landed(self):
         "Block until the host holds every gradient and every write-back: what reads or writes the host state waits."
         self.settle()
         self.wait()
@@ -627,7 +627,7 @@ class OffloadOptimizer:
 
     def state_dict(self):
         "Group hyperparameters and every parameter's master, optimizer state and step (`HostStore.saved`)."
-        self._landed()
+        self.landed()
         return dict(groups=[{k: v for k, v in g.items() if k != 'params'} for g in self.param_groups],
                     slots=self.store.saved())
 
@@ -635,7 +635,7 @@ class OffloadOptimizer:
         "Load what `state_dict` saved, after the model's weights (split masters' low halves complete them)."
         n = len(sd['slots'])
         if n != len(self.slots): raise UsageError(f'optimizer state has {n} parameters, the model {len(self.slots)}')
-        self._landed()
+        self.landed()
         for g, saved in zip(self.param_groups, sd['groups']): g.update(saved)
         self.store.restore(sd['slots'])
 
@@ -681,3 +681,11 @@ def _step(opt):
     state_gib = lambda chunks: sum(pc.numel * _crossing_bytes(pc) for c in chunks for pc in c) / GiB
     opt.timings = dict(wait_s=waited, stream_s=total - waited, preloaded_gib=state_gib(c for c, _ in pre.values()),
                        early_gib=state_gib(early), pipelined_gib=state_gib(piped))
+
+# %% ../../nbs/20a_host_optim.ipynb #1810017b
+def master_slots(opt) -> dict:
+    """`id(parameter) -> its slot` of an `OffloadOptimizer`, once its write-backs have landed: `fp32_master()` reads
+    the FP32 master, `set_master(w)` writes it and the weight. Empty for any other optimizer (or None)."""
+    if not isinstance(opt, OffloadOptimizer): return {}
+    opt.landed()
+    return {id(s.p): s for s in opt.slots}

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['SLAB_BYTES', 'ALIGN', 'HOST_SPARE', 'HALVES_BLOCK', 'GPU_HEADROOM', 'host_available_bytes', 'PinnedPool',
-           'accum_kernel', 'accumulate_', 'split_master_', 'join_master_', 'ActivationOffload', 'is_gemm_module',
-           'gemm_offload_hooks']
+           'accum_kernel', 'accumulate_', 'split_master_', 'join_master_', 'ActivationOffload', 'mark_gemm',
+           'is_gemm_module', 'gemm_offload_hooks']
 
 # %% ../../nbs/20_offload_memory.ipynb #b5b880af
 import ctypes, functools, logging, os, sys, threading, weakref
@@ -410,6 +410,10 @@ class ActivationOffload:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 # %% ../../nbs/20_offload_memory.ipynb #54a293d8
+def mark_gemm(m):
+    "Count module `m` as a GEMM for `gemm_offload_hooks`, though it is not an `nn.Linear`."
+    m._apex3_gemm = True
+
 def is_gemm_module(m): return isinstance(m, nn.Linear) or getattr(m, '_apex3_gemm', False)
 
 def gemm_offload_hooks(model, offload):

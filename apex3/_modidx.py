@@ -748,6 +748,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'apex3.data.identity.identity_path': ('identity.html#identity_path', 'apex3/data/identity.py'),
                                      'apex3.data.identity.marker_identity': ('identity.html#marker_identity', 'apex3/data/identity.py'),
                                      'apex3.data.identity.read_marker': ('identity.html#read_marker', 'apex3/data/identity.py'),
+                                     'apex3.data.identity.regular_stat': ('identity.html#regular_stat', 'apex3/data/identity.py'),
                                      'apex3.data.identity.remove_unused_records': ( 'identity.html#remove_unused_records',
                                                                                     'apex3/data/identity.py'),
                                      'apex3.data.identity.stage_identity': ('identity.html#stage_identity', 'apex3/data/identity.py'),

@@ -127,3 +127,37 @@ def test_the_hostile_lines_of_the_issue():
         check_tokens(tmp, last)
         with pytest.raises(Exception):  # the control: the tokenizer itself refuses the unrepaired text
             load_tokenizer(Path(tmp)/'out'/'tokenizer'/'tokenizer.json').encode('lone \ud800 surrogate')
+
+
+def _odd_inputs_run(tmp, odd):
+    "`apex3 data c4 src out` over one good shard and, if given, `odd(path)` made beside it: (status, stderr, seconds)."
+    import subprocess, sys, time
+    from apex3.data.core import write_docs, Document
+    src = Path(tmp)/'src'
+    src.mkdir()
+    write_docs(src/'a.jsonl.zst', [Document(f'd{i}', f'{tag(i)} a line of text') for i in range(5)])
+    if odd: odd(src/'b.jsonl.zst')
+    t0 = time.monotonic()
+    code = 'import sys; from apex3.cli import main; sys.exit(main(sys.argv[1:]))'
+    r = subprocess.run([sys.executable, '-c', code, 'data', '--workers', '1', 'c4', str(src), str(Path(tmp)/'out')],
+                       capture_output=True, text=True, timeout=120, cwd=tmp)
+    return r.returncode, r.stderr, time.monotonic() - t0
+
+
+@pytest.mark.parametrize('odd', ['fifo', 'dev_zero'])
+def test_a_shard_that_is_no_file_is_refused_in_one_line(odd):
+    """A shard that is a FIFO no one writes hung the stage (its input digest read forever), and a link to /dev/zero
+    read without end: each is now refused at once, in one line naming it, status 2."""
+    import os
+    make = {'fifo': os.mkfifo, 'dev_zero': lambda p: os.symlink('/dev/zero', p)}[odd]
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, err, secs = _odd_inputs_run(tmp, make)
+    assert rc == 2 and secs < 60, (rc, secs, err[-800:])
+    assert err.count('\n') == 1 and 'b.jsonl.zst: not a regular file' in err and 'Traceback' not in err, err
+
+
+def test_a_folder_of_regular_shards_runs():
+    "The control: the same folder without the odd shard runs to the end."
+    with tempfile.TemporaryDirectory() as tmp:
+        rc, err, _ = _odd_inputs_run(tmp, None)
+    assert rc == 0, err[-800:]

@@ -5,12 +5,13 @@ finished otherwise is refused in one line naming what differs, or redone when as
 
 # %% ../../nbs/50b_identity.ipynb #d3210dac
 from __future__ import annotations
-import glob, hashlib, json, math, os, re
+import errno, glob, hashlib, json, math, os, re, stat
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['NOT_PARAMETERS', 'DAMAGED', 'declared_inputs', 'stage_identity', 'identity_of', 'task_identity', 'identity_path',
-           'read_marker', 'marker_identity', 'StaleTasks', 'identity_difference', 'stale_line', 'remove_unused_records']
+__all__ = ['NOT_PARAMETERS', 'DAMAGED', 'declared_inputs', 'regular_stat', 'stage_identity', 'identity_of', 'task_identity',
+           'identity_path', 'read_marker', 'marker_identity', 'StaleTasks', 'identity_difference', 'stale_line',
+           'remove_unused_records']
 
 # %% ../../nbs/50b_identity.ipynb #05ece03f
 NOT_PARAMETERS = ('out', 'name', 'ctx')  # where a stage writes, what it is called, the task a step runs in now
@@ -100,6 +101,14 @@ def _stat_key(st) -> tuple:
 
 _DIGESTS = {}  # {(path, *_stat_key): digest}: the stages of one run read the same files (dedup: three times)
 
+def regular_stat(path) -> os.stat_result:
+    """`os.stat` of an input, which must be a regular file: a FIFO no one writes would hang the read, a link to
+    `/dev/zero` would never end it. Anything else is an `OSError` naming the file, which a command says in one line."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, 'not a regular file (a pipe, a device or a socket): a stage reads files', path)
+    return st
+
 def _file_digest(path, st) -> str:
     """XXH3-128 of a file's bytes (read in blocks) whose `os.stat` is `st`, once per process for an unchanged file.
     It tells a changed input from the same one, as a build tool does; it is no defence against forgery (whoever can
@@ -174,7 +183,7 @@ def stage_identity(stage) -> dict:
     params = {k: v for k, v in _flattened(attrs).items() if not _declared(k, declared)}
     base, known = os.path.dirname(os.path.realpath(stage.out)), _known_digests(stage)
     def entry(f):   # named where it really is: an input reached through a link is the same input
-        st, rel = os.stat(f), os.path.relpath(os.path.realpath(f), base)
+        st, rel = regular_stat(f), os.path.relpath(os.path.realpath(f), base)
         k = known.get(rel)
         same = k is not None and k[:-1] == _stat_key(st)
         return rel, [*_stat_key(st), k[-1] if same else _file_digest(f, st)]

@@ -635,6 +635,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                           'apex3.data.decontaminate._code_points': ( 'decontaminate.html#_code_points',
                                                                                      'apex3/data/decontaminate.py'),
                                           'apex3.data.decontaminate._hits': ('decontaminate.html#_hits', 'apex3/data/decontaminate.py'),
+                                          'apex3.data.decontaminate._item_text': ( 'decontaminate.html#_item_text',
+                                                                                   'apex3/data/decontaminate.py'),
                                           'apex3.data.decontaminate._mask': ('decontaminate.html#_mask', 'apex3/data/decontaminate.py'),
                                           'apex3.data.decontaminate._pow_table': ( 'decontaminate.html#_pow_table',
                                                                                    'apex3/data/decontaminate.py'),

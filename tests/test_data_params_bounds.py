@@ -26,7 +26,11 @@ BAD = [('c4', 'min_words_per_line=abc', 'min_words_per_line'), ('c4', 'min_words
        ('decontaminate', 'n=0', 'an integer >= 1'), ('decontaminate', 'n=-3', 'an integer >= 1'),
        ('c4', 'min_words_per_line=-5', 'an integer >= 0'), ('c4', 'max_word_length=0', 'an integer >= 1'),
        ('repopack', 'max_pack_bytes=0', 'max_pack_bytes: 0 is not an integer from 1'),
-       ('fineweb', 'line_punct_thr=-1.0', 'a number from 0 to 1')]
+       ('fineweb', 'line_punct_thr=-1.0', 'a number from 0 to 1'),
+       # the contents of list parameters: each was a 61-line traceback in the worker, or (a plugin) taken in silence
+       ('redact', 'rules=[["x", "("]]', 'rules made by `scrub.rule`'), ('redact', 'rules=[1, 2]', 'rules made by'),
+       ('redact', 'plugins=["NoSuchDetector"]', 'names of detect-secrets plugins'),
+       ('redact', 'plugins=[["AWSKeyDetector"]]', 'names of detect-secrets plugins')]
 
 @pytest.mark.parametrize('stage,kv,said', BAD)
 def test_set_checked_like_a_config(shards, tmp_path, stage, kv, said):
@@ -37,9 +41,20 @@ def test_set_checked_like_a_config(shards, tmp_path, stage, kv, said):
 
 def test_set_in_range_runs(shards, tmp_path):
     "The control: values in range run and keep the documents that the bad ones would have lost."
-    for stage, kv in (('c4', 'min_words_per_line=2'), ('decontaminate', 'n=13')):
+    for stage, kv in (('c4', 'min_words_per_line=2'), ('decontaminate', 'n=13'), ('redact', 'plugins=["AWSKeyDetector"]')):
         r = data(stage, shards, tmp_path/stage, '--set', kv)
         assert r.returncode == 0 and '"docs_out": 20' in r.stdout, r.stderr
+
+def test_extra_jsonl_that_is_no_benchmark_file_is_named(shards, tmp_path):
+    """A decontamination file whose lines are not JSON objects with the text field: one line naming the file and its
+    line, where it was a KeyError traceback (a line without the field) or a JSON error naming no file."""
+    bench = tmp_path/'bench.jsonl'
+    bench.write_text('{"prompt": "def add(a, b):"}\n{"question": "what is 2 + 2?"}\n')
+    r = data('decontaminate', shards, tmp_path/'out', '--set', f'extra_jsonl=["{bench}"]')
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"{bench} line 2: not a JSON object with a text 'prompt'" in r.stderr, r.stderr
+    bench.write_text('{"prompt": "def add(a, b):"}\n')   # the control: a file of such objects runs
+    assert data('decontaminate', shards, tmp_path/'ok', '--set', f'extra_jsonl=["{bench}"]').returncode == 0
 
 def test_config_out_of_range_refused(tmp_path):
     raw = tmp_path/'raw'

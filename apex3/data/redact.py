@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64, json, re
 from collections import Counter
 from .core import Document, Step
-from .scrub import SECRET_PLUGINS, FAMILY_RULES, scrub
+from .scrub import SECRET_PLUGINS, FAMILY_RULES, Rule, scrub
 
 # %% auto #0
 __all__ = ['SECRET_OR_EMAIL_RE', 'SUITE_KINDS', 'PLACEHOLDER_RE', 'Redact', 'fake_secrets', 'secret_values', 'secret_cases',
@@ -17,6 +17,11 @@ __all__ = ['SECRET_OR_EMAIL_RE', 'SUITE_KINDS', 'PLACEHOLDER_RE', 'Redact', 'fak
 class Redact(Step):
     "Replace credentials of every family, private keys, emails, public IPs and phone numbers by typed placeholders."
     name = 'redact'
+    # a config or --set names detect-secrets plugins; the rules are compiled patterns with checks, made in code only
+    limits = dict(plugins=('names of detect-secrets plugins in apex3.data.scrub.SECRET_PLUGINS',
+                           lambda v: all(type(x) is str and x in SECRET_PLUGINS for x in v)),
+                  rules=('rules made by `scrub.rule` in code (a config cannot write one: leave it out)',
+                         lambda v: all(isinstance(r, Rule) for r in v)))
     def __init__(self, emails=True, ips=True, secrets=True, phones=True, plugins=SECRET_PLUGINS, rules=FAMILY_RULES):
         self.emails, self.ips, self.secrets, self.phones, self.plugins = emails, ips, secrets, phones, tuple(plugins)
         self.rules = tuple(rules)

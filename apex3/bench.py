@@ -208,21 +208,26 @@ def _one_step(run, gen, dog, step, last) -> dict:
     return out
 
 # %% ../nbs/25_bench.ipynb #cca0b754
+def _staging(opt) -> dict:
+    "The host optimizer's staging counters since it was built (`GradientInbox`); none for `build_optimizer`'s."
+    return dict(opt.staging) if isinstance(opt, OffloadOptimizer) else {}
+
 def _timed_steps(run, b, dog, gen) -> dict:
     "Warm-up steps, then the timed ones: their figures, the counters at the first timed one, the last one's memory."
     dev, t = run.device, dict(micro_s=[], step_s=[], opt=[], losses=[])
+    host = isinstance(run.opt, OffloadOptimizer)   # it times the parts of its step
     if dev.type == 'cuda': torch.cuda.reset_peak_memory_stats(dev)
     for step in range(b.warmup + b.steps):
         last = step == b.warmup + b.steps - 1   # its memory is read phase by phase (after each synchronising .item())
         if last: t['mem'] = [dict(phase='earlier steps', **phase_memory(dev))]   # the GPU peak of the steps before
         if step == b.warmup:   # counters since construction, compilation included
-            t['staged'], t['allocs'] = dict(getattr(run.opt, 'staging', {})), allocator_counts(dev)
+            t['staged'], t['allocs'] = _staging(run.opt), allocator_counts(dev)
         one = _one_step(run, gen, dog, step, last)
         t['losses'] += one['losses']
         if step >= b.warmup:
             t['micro_s'] += one['micro_s']
             t['step_s'].append(one['step_s'])
-            t['opt'].append(dict(optimizer_s=one['optimizer_s'], **getattr(run.opt, 'timings', {})))
+            t['opt'].append(dict(optimizer_s=one['optimizer_s'], **(run.opt.timings if host else {})))
         _log.info('step %d: %.2f s, loss %.3f', step, one['step_s'], one['losses'][-1])
     t['mem'] += one['mem']
     t['loads'] = one['loads']
@@ -232,8 +237,8 @@ def _timed_steps(run, b, dog, gen) -> dict:
 def _memory_fields(run, t, n_micro) -> dict:
     "What the record says of activations offloaded, pinned pools, GPU and host memory."
     act = run.act.stats() if run.act else {}
-    opt_pool = run.opt.pool.stats() if run.settings.offload.offload else {}
-    staging = getattr(run.opt, 'staging', {})
+    host = isinstance(run.opt, OffloadOptimizer)   # its pool, and what it keeps on the GPU
+    opt_pool = run.opt.pool.stats() if host else {}
     return dict(offloaded_tensors=act.get('offloaded_tensors', 0), offloaded_gib=act.get('offloaded_gib', 0.0),
                 fetched_gib=act.get('fetched_gib', 0.0),   # brought back in the last micro-batch
                 fetched_late=act.get('fetched_late', 0),   # of them, fetched only when backward asked for them
@@ -241,18 +246,19 @@ def _memory_fields(run, t, n_micro) -> dict:
                 peak_gpu_gib=max(p['gpu_peak_gib'] for p in t['mem']) if run.device.type == 'cuda' else None,
                 memory_phases=t['mem'],
                 host_pinned_gib=act.get('host_pinned_gib', 0.0) + opt_pool.get('host_pinned_gib', 0.0),
-                opt_gpu_gib=getattr(run.opt, 'resident_gib', 0.0), accum_gpu_gib=getattr(run.opt, 'accum_gpu_gib', 0.0),
+                opt_gpu_gib=run.opt.resident_gib if host else 0.0,
+                accum_gpu_gib=run.opt.accum_gpu_gib if host else 0.0,
                 host_peak_rss_gib=status_gib('VmHWM'),
                 host_breakdown=dict(setup=run.host_setup, end=host_memory(), optimizer_pool=opt_pool,
                                     activation_pool={k: v for k, v in act.items()
                                                      if k.startswith(('host_', 'overflow'))},
-                                    **staging))
+                                    **_staging(run.opt)))
 
 def _step_phases(run, b, t) -> dict:
     "Medians of the optimizer step's parts, and the staging and allocator counters per timed step."
     phases = {k: statistics.median(o[k] for o in t['opt']) for k in t['opt'][0]}   # optimizer_s, wait_s, stream_s
     # per timed step: how long its backward passes waited for the host's additions, and the staging that missed the pool
-    phases |= {f'{k}_per_step': (v - t['staged'][k]) / b.steps for k, v in getattr(run.opt, 'staging', {}).items()}
+    phases |= {f'{k}_per_step': (v - t['staged'][k]) / b.steps for k, v in _staging(run.opt).items()}
     phases['allocator_per_step'] = {k: (v - t['allocs'][k]) / b.steps for k, v in allocator_counts(run.device).items()}
     return phases
 

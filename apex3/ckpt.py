@@ -320,10 +320,12 @@ def _tensor_bytes(obj) -> int:
 
 def optimizer_state_bytes(opt) -> int:
     "Bytes of an optimizer's state in a checkpoint, counted for every parameter whether or not it has stepped yet."
-    if hasattr(opt, 'store'):   # OffloadOptimizer: masters (or their low halves) and moments, allocated up front
+    from apex3.optim import MuonAdamW
+    from apex3.offload.host_optim import OffloadOptimizer
+    if isinstance(opt, OffloadOptimizer):   # masters (or their low halves) and moments, allocated up front
         return sum(_tensor_bytes([s.master, *s.state]) for s in opt.store.slots)
     total = 0
-    for o in getattr(opt, 'optimizers', [opt]):
+    for o in opt.optimizers if isinstance(opt, MuonAdamW) else [opt]:   # its Muon and AdamW, or a PyTorch optimizer
         for g in o.param_groups:
             for p in g['params']:
                 if o.state.get(p): total += _tensor_bytes(o.state[p])

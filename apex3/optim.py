@@ -298,6 +298,14 @@ class MuonAdamW:
         "Set every group's lr to `f` times its `base_lr` (the schedule's hook)."
         for g in self.param_groups: g['lr'] = g['base_lr'] * f
 
+    def discard(self):
+        "Drop the gradients since the last step (a skipped, non-finite step): they live in the parameters' `.grad`."
+        self.zero_grad(set_to_none=True)
+    def preload(self):
+        "A step's last micro-batch starts: nothing to load, the state is on the GPU already."
+    # `load_state_dict` keeps the tensors it is given (PyTorch's way): a checkpoint's file must not be mapped for it
+    copies_loaded_state = False
+
 # %% ../nbs/30_optim.ipynb #c5f2af6b
 def muon_groups(named, split_gate_up):
     "Muon param groups: fused gate/up matrices (orthogonalised per half when split) apart from the rest."

@@ -203,8 +203,8 @@ def _act_scope(run):
     return run.act.hooks()
 
 def last_micro_starts(run):
-    "A step's last micro-batch is about to run: an offloaded optimizer starts loading its first chunks."
-    if hasattr(run.opt, 'preload'): run.opt.preload()
+    "A step's last micro-batch is about to run: the optimizer's `preload` (an offloaded one loads its first chunks)."
+    run.opt.preload()
 
 def micro_step(run, tokens):
     "Forward and backward of one micro-batch of token rows [B, S+1]; returns the loss."

@@ -96,9 +96,8 @@ def build_run(s: TrainSettings, d) -> TrainRun:
 
 # %% ../nbs/70_train.ipynb #e0209fe2
 def discard_step(run):
-    "Forget a step's gradients and expert counts (the host optimizer keeps gradients in its accumulators)."
-    if hasattr(run.opt, 'discard'): run.opt.discard()   # OffloadOptimizer: its host accumulators hold the gradients
-    else: run.opt.zero_grad(set_to_none=True)
+    "Forget a step's gradients (`discard`: the host optimizer's are in its accumulators) and expert counts."
+    run.opt.discard()
     for layer in run.model.layers: layer.moe.expert_load.zero_()
 
 def _poisoned(fn):

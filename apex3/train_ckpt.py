@@ -93,17 +93,18 @@ def _latest_for_resume(run, folder) -> tuple:
     """`(path, components)` of the newest checkpoint in `folder` that verifies and loads in the forms a resume needs,
     or `(None, None)` where there is none. Each one passed over gets a warning line: like a corrupt file, a checkpoint
     that does not load costs the tokens since the one before it, not the run. Every component is read into memory but
-    for an offloaded optimizer's state: that is copied into the optimizer's pinned host buffers, so a mapping of its
-    file saves a second copy and goes with the loaded dict. A PyTorch optimizer keeps the tensors it is given: mapped,
-    they would pin the file's disk space after `--keep-ckpts` prunes the checkpoint."""
+    the state of an optimizer that copies it into buffers of its own (`copies_loaded_state`: an offloaded one's pinned
+    host buffers), so a mapping of its file saves a second copy and goes with the loaded dict. A PyTorch optimizer
+    keeps the tensors it is given: mapped, they would pin the file's disk space after `--keep-ckpts` prunes the
+    checkpoint."""
     from apex3.ckpt import verified_checkpoints, load_checkpoint, read_sums
     passed = []
     for path in verified_checkpoints(folder):   # (none verifying is its error: starting afresh would prune them)
         names = [f.removesuffix('.pt') for f in read_sums(path)]   # verified just now
         try:
             ck = load_checkpoint(path, [n for n in names if n != 'optimizer'], verified=True, mmap=False)
-            if 'optimizer' in names:   # mapped for an OffloadOptimizer (its `store`)
-                ck |= load_checkpoint(path, 'optimizer', verified=True, mmap=hasattr(run.opt, 'store'))
+            if 'optimizer' in names:
+                ck |= load_checkpoint(path, 'optimizer', verified=True, mmap=run.opt.copies_loaded_state)
         except UsageError as e: problems = [str(e)]
         else: problems = resume_problems(ck)
         if not problems: return path, ck

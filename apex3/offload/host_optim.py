@@ -638,6 +638,8 @@ class OffloadOptimizer:
         self.landed()
         for g, saved in zip(self.param_groups, sd['groups']): g.update(saved)
         self.store.restore(sd['slots'])
+    # `load_state_dict` copies into the host buffers: what it is given may map a checkpoint's file
+    copies_loaded_state = True
 
     def step(self):
         "One optimizer step over every parameter that received a gradient (`_step`: the walk over its chunks)."

@@ -13,14 +13,14 @@ import torch
 # %% ../../nbs/20b_overlap.ipynb #ae786342
 def forward_stages(model):
     "Each parameter's stage (by id) in the order a forward uses them: 1 + i for those of `model.layers[i]`, else 0."
-    return {id(p): i + 1 for i, layer in enumerate(getattr(model, 'layers', ())) for p in layer.parameters()}
+    return {id(p): i + 1 for i, layer in enumerate(model.layers) for p in layer.parameters()}
 
 def gate_hooks(model, gate):
     """Forward pre-hooks that call `gate(0)` before `model`'s forward and `gate(i + 1)` before `model.layers[i]`'s; out
     of the graph of a layer compiled in place, whose call runs its hooks."""
     gate = torch._dynamo.disable(gate)
     return [m.register_forward_pre_hook(lambda m, args, k=k: gate(k))
-            for k, m in enumerate([model, *getattr(model, 'layers', ())])]
+            for k, m in enumerate([model, *model.layers])]
 
 # %% ../../nbs/20b_overlap.ipynb #b9700f3b
 # chunks the last backward's streaming has issued and not yet written back (see `EarlyStream.issue`)

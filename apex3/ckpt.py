@@ -7,8 +7,8 @@ __all__ = ['SUMS', 'TMP', 'SUMS_BYTES', 'CKPT_OVERHEAD', 'ckpt_name', 'checkpoin
            'write_synced', 'replace_file', 'save_file', 'sha256_file', 'write_sums', 'read_sums', 'verify_checkpoint',
            'problems_line', 'known_good', 'clean_leftovers', 'complete_checkpoints', 'room_keep', 'make_room',
            'prune_checkpoints', 'raised_in', 'fs_cause', 'save_checkpoint', 'room_needed', 'check_room',
-           'optimizer_state_bytes', 'checkpoint_bytes', 'check_checkpoint_room', 'verified_checkpoints',
-           'latest_checkpoint', 'load_component', 'load_checkpoint', 'rng_state', 'set_rng_state']
+           'checkpoint_bytes', 'check_checkpoint_room', 'verified_checkpoints', 'latest_checkpoint', 'load_component',
+           'load_checkpoint', 'rng_state', 'set_rng_state']
 
 # %% ../nbs/71_ckpt.ipynb #3ba48668
 import hashlib, logging, os, random, re, shutil, sys
@@ -318,26 +318,13 @@ def _tensor_bytes(obj) -> int:
     if isinstance(obj, (list, tuple)): return sum(map(_tensor_bytes, obj))
     return 0
 
-def optimizer_state_bytes(opt) -> int:
-    "Bytes of an optimizer's state in a checkpoint, counted for every parameter whether or not it has stepped yet."
-    from apex3.optim import MuonAdamW
-    from apex3.offload.host_optim import OffloadOptimizer
-    if isinstance(opt, OffloadOptimizer):   # masters (or their low halves) and moments, allocated up front
-        return sum(_tensor_bytes([s.master, *s.state]) for s in opt.store.slots)
-    total = 0
-    for o in opt.optimizers if isinstance(opt, MuonAdamW) else [opt]:   # its Muon and AdamW, or a PyTorch optimizer
-        for g in o.param_groups:
-            for p in g['params']:
-                if o.state.get(p): total += _tensor_bytes(o.state[p])
-                elif 'momentum_dtype' in g: total += p.numel() * (g['momentum_dtype'] or p.dtype).itemsize   # Muon
-                else: total += 2 * p.numel() * p.element_size() + 8                                       # AdamW
-    return total
-
 CKPT_OVERHEAD = 2**16   # a checkpoint's bytes beside the tensors: RNG states, flags, cursor, archive headers
 
 def checkpoint_bytes(model, opt) -> int:
-    "About the bytes of a checkpoint of `model` and `opt`: their state, and `CKPT_OVERHEAD`."
-    return _tensor_bytes(model.state_dict()) + optimizer_state_bytes(opt) + CKPT_OVERHEAD
+    """About the bytes of a checkpoint of `model` and `opt`: their state, and `CKPT_OVERHEAD`. The optimizer says what
+    its state takes (`checkpoint_state_bytes`, chapters `30_optim` and `20a_host_optim`): only it knows the state a
+    parameter that has not stepped yet will have."""
+    return _tensor_bytes(model.state_dict()) + opt.checkpoint_state_bytes() + CKPT_OVERHEAD
 
 def check_checkpoint_room(ckpt_dir, model, opt, keep, saves):
     "`check_room` for `saves` more checkpoints of `model` and `opt` in `ckpt_dir`: `UsageError` if the next won't fit."

@@ -6,7 +6,8 @@
 __all__ = ['NS_COEFFS', 'NS_STEPS', 'NS_EPS', 'ADAMW_NAMES', 'DECAYS', 'newton_schulz', 'muon_scale', 'shape_buckets',
            'fused_here', 'fused_or_torch', 'momentum_update_', 'apply_update_', 'muon_update_chunk',
            'muon_step_offloaded', 'Muon', 'muon_group_kwargs', 'matrix_views', 'param_group_of', 'param_groups',
-           'param_group_table', 'model_meta', 'MuonAdamW', 'muon_groups', 'build_optimizer', 'WSD', 'make_schedule']
+           'param_group_table', 'model_meta', 'planned_state_bytes', 'MuonAdamW', 'muon_groups', 'build_optimizer',
+           'WSD', 'make_schedule']
 
 # %% ../nbs/30_optim.ipynb #ae8fb60c
 import functools, logging, math
@@ -276,6 +277,18 @@ def model_meta(name='C', **overrides):
     with torch.device('meta'): return Transformer(get_config(name, [f'{k}={v}' for k, v in overrides.items()]))
 
 # %% ../nbs/30_optim.ipynb #829734d0
+def planned_state_bytes(o) -> int:
+    """Bytes of a PyTorch optimizer's state once every parameter has stepped: what a stepped one holds, and for one
+    that has not, Muon's momentum (its group names the dtype) or AdamW's two moments and its step count."""
+    total = 0
+    for g in o.param_groups:
+        for p in g['params']:
+            if state := o.state.get(p):
+                total += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))
+            elif 'momentum_dtype' in g: total += p.numel() * (g['momentum_dtype'] or p.dtype).itemsize
+            else: total += 2 * p.numel() * p.element_size() + 8
+    return total
+
 class MuonAdamW:
     "Muon for hidden matrices plus AdamW for the rest, behaving as one optimizer."
     def __init__(self, muon, adamw): self.muon, self.adamw = muon, adamw
@@ -303,6 +316,9 @@ class MuonAdamW:
         self.zero_grad(set_to_none=True)
     def preload(self):
         "A step's last micro-batch starts: nothing to load, the state is on the GPU already."
+    def checkpoint_state_bytes(self) -> int:
+        "Bytes its state takes in a checkpoint, every parameter counted whether or not it has stepped yet."
+        return sum(map(planned_state_bytes, self.optimizers))
     # `load_state_dict` keeps the tensors it is given (PyTorch's way): a checkpoint's file must not be mapped for it
     copies_loaded_state = False
 

@@ -641,6 +641,10 @@ class OffloadOptimizer:
     # `load_state_dict` copies into the host buffers: what it is given may map a checkpoint's file
     copies_loaded_state = True
 
+    def checkpoint_state_bytes(self) -> int:
+        "Bytes its state takes in a checkpoint: every master (or its low half) and moment, allocated up front."
+        return sum(t.numel() * t.element_size() for s in self.slots for t in (s.master, *s.state))
+
     def step(self):
         "One optimizer step over every parameter that received a gradient (`_step`: the walk over its chunks)."
         _step(self)

@@ -202,7 +202,8 @@ def test_a_parameter_naming_a_file_is_no_input(tmp_path):
     prose_shards(tmp_path/'in')
     note = tmp_path/'README.md'
     note.write_text('first')
-    run = lambda: apex3('data', 'redact', tmp_path/'in', tmp_path/'out', '--set', f'plugins=["{note}"]')
+    # decontaminate's `field` is a text (the JSON key of its extra benchmark files), here one naming a file
+    run = lambda: apex3('data', 'decontaminate', tmp_path/'in', tmp_path/'out', '--set', f'field="{note}"')
     assert run()[0] == 0
     note.write_text('second, longer')
     assert run() == (0, '')

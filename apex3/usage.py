@@ -128,6 +128,8 @@ def out_of_memory_line(name, e) -> str:
 
 def probe_writable(folder):
     "Create `folder` (and its parents) and a file in it: an `OSError` before any work, not after the work that writes."
+    if os.path.exists(folder) and not os.path.isdir(folder):   # makedirs would say "File exists", which misleads
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
     os.makedirs(folder, exist_ok=True)
     with tempfile.TemporaryFile(dir=folder): pass
 

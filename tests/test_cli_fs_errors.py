@@ -117,3 +117,17 @@ def _as_typed(text):
 def _escaped(text):
     "The reference: what a line keeps of `text`, every unprintable character written as Python writes it."
     return ''.join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def test_an_output_folder_that_is_a_file_says_so(tmp_path):
+    """`apex3 demo --out FILE` said "File exists (EEXIST)" of a path that exists as a file, where it means: not a folder.
+    The control: a folder under that path's parent is made and written (`probe_writable` itself, as the demo calls it)."""
+    from apex3.usage import probe_writable
+    f = tmp_path/'notes.txt'
+    f.write_text('mine')
+    r = subprocess.run([sys.executable, '-c', APEX3, 'on', 'demo', '--out', str(f)], capture_output=True, text=True,
+                       timeout=120)
+    assert (r.returncode, r.stderr) == (2, f'apex3 demo: error: {f}: Not a directory (ENOTDIR)\n'), r.stderr
+    assert f.read_text() == 'mine'
+    probe_writable(tmp_path/'new'/'folder')
+    assert (tmp_path/'new'/'folder').is_dir()

@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['INT_MAX', 'STORAGE_ERRNOS', 'HOST_OOM_SIGNS', 'SMALLER', 'GiB', 'UsageError', 'ArgParser', 'in_range', 'utf8_text',
            'header_text', 'run_command', 'is_fs_error', 'os_error_line', 'is_out_of_memory', 'out_of_memory_line',
-           'probe_writable', 'open_regular', 'read_small_file', 'free_port', 'warn_once', 'load_target',
-           'commands_usage']
+           'probe_writable', 'open_regular', 'read_small_file', 'NotInside', 'regular_inside', 'free_port', 'warn_once',
+           'load_target', 'commands_usage']
 
 # %% ../nbs/000_usage.ipynb #6c0ec4ff
 import argparse, errno, importlib, math, os, re, sys, tempfile
@@ -171,6 +171,31 @@ def read_small_file(path, limit: int, flag: str) -> bytes:
     except OSError as e: raise refuse(e.strerror or os.strerror(e.errno)) from None   # e.g. /proc files that refuse
     if len(data) > limit: raise refuse(f'larger than {limit:,} bytes')
     return data
+
+# %% ../nbs/000_usage.ipynb #e37f90f0
+from pathlib import Path
+
+class NotInside(ValueError):
+    "Why an entry is no regular file inside its folder; `reason` names the case for counters and records."
+    def __init__(self, reason, message):
+        super().__init__(message)
+        self.reason = reason
+
+def regular_inside(path, root) -> Path:
+    """The file `path` leads to once every link is followed, where that is a regular file inside folder `root` (which
+    may itself be reached through links); else a `NotInside`: 'dangling_link' (a link to nothing, or a loop of them),
+    'link_outside' (to a place out of `root`), 'not_regular_file' (a FIFO, a device, a socket, a folder). An entry
+    missing altogether is the `OSError` of any read. Nothing is opened."""
+    path, is_link = Path(path), os.path.islink(path)
+    try: target = path.resolve(strict=True)
+    except (OSError, RuntimeError):   # RuntimeError: a loop of links (an OSError from Python 3.13)
+        if not is_link: raise
+        raise NotInside('dangling_link', 'a link to nothing') from None
+    if not target.is_relative_to(Path(root).resolve()):
+        raise NotInside('link_outside', 'a link that leads out of its folder')
+    if not stat.S_ISREG(target.stat().st_mode):
+        raise NotInside('not_regular_file', 'not a regular file (a pipe, a device, a socket or a folder)')
+    return target
 
 # %% ../nbs/000_usage.ipynb #fp0rt0ex
 def free_port() -> int:

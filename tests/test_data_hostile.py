@@ -2,7 +2,7 @@
 step chain, dedup's five stages, tokenizer training, token shards, long documents). The run exits 0, every ordinary
 document reaches the token shards and decodes back to its text, and what is kept plus what is set aside (counted, and
 written as reject records with a reason) is every line read, where the line count comes from the input bytes."""
-import json, re, tempfile
+import json, os, re, tempfile
 from collections import Counter
 from pathlib import Path
 import pytest
@@ -161,3 +161,71 @@ def test_a_folder_of_regular_shards_runs():
     with tempfile.TemporaryDirectory() as tmp:
         rc, err, _ = _odd_inputs_run(tmp, None)
     assert rc == 0, err[-800:]
+
+
+REPO_CONFIG = '[pipeline]\nout = "out"\nworkers = 1\n[[source]]\nname = "code"\nkind = "repo"\npath = "in"\nshards = 1\n'
+ODD_ENTRIES = {  # the red team's entries beside a plain a.py: (name, what makes it, the reason it is set aside)
+    'dangling': ('x.py', lambda p: os.symlink('/nonexistent', p), 'dangling_link'),
+    'fifo': ('fifo.py', os.mkfifo, 'not_regular_file'),
+    'dev_zero': ('zero.py', lambda p: os.symlink('/dev/zero', p), 'link_outside'),
+    'passwd': ('passwd.py', lambda p: os.symlink('/etc/passwd', p), 'link_outside'),
+}
+
+def _repo_run(tmp):
+    "`apex3 data run` of a repository source over `tmp`/in: (status, stderr, seconds)."
+    import subprocess, sys, time
+    (Path(tmp)/'c.toml').write_text(REPO_CONFIG)
+    t0 = time.monotonic()
+    code = 'import sys; from apex3.cli import main; sys.exit(main(sys.argv[1:]))'
+    r = subprocess.run([sys.executable, '-c', code, 'data', 'run', 'c.toml'], capture_output=True, text=True,
+                       timeout=120, cwd=tmp)
+    return r.returncode, r.stderr, time.monotonic() - t0
+
+def _output_text(out) -> bytes:
+    "Every output file's bytes, compressed ones decompressed: what the run wrote, to search."
+    import zstandard
+    files = [p for p in Path(out).rglob('*') if p.is_file()]
+    return b''.join(zstandard.ZstdDecompressor().stream_reader(p.open('rb')).read() if p.suffix == '.zst'
+                    else p.read_bytes() for p in files)
+
+def _docs_and_rejects(out):
+    ingest = Path(out)/'work'/'code'/'00_ingest'
+    docs = {d.id: d.text for f in list_shards(ingest) for d in read_docs(f)}
+    rejects = [json.loads(l) for f in sorted(ingest.glob('rejects/*.zst')) for l in read_jsonl_zst(f)]
+    return docs, {r['file']: r['reason'] for r in rejects}
+
+@pytest.mark.parametrize('odd', sorted(ODD_ENTRIES))
+def test_a_repositorys_odd_entry_is_set_aside(odd):
+    """A repository holding a.py and one entry that is no regular file inside it (a dangling link, a FIFO, a link to
+    /dev/zero, a link to /etc/passwd): the run exits 0 in bounded time, a.py is a document, the entry is a reject
+    with its reason, and nothing of what a link leads to outside is in any output. A second run resumes (exit 0)."""
+    name, make, reason = ODD_ENTRIES[odd]
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp)/'in'/'repo1'
+        repo.mkdir(parents=True)
+        (repo/'a.py').write_text('print("a plain file")\n')
+        make(repo/name)
+        rc, err, secs = _repo_run(tmp)
+        assert rc == 0 and secs < 60 and 'Traceback' not in err, (rc, secs, err[-800:])
+        docs, rejects = _docs_and_rejects(Path(tmp)/'out')
+        assert docs == {'repo1/a.py': 'print("a plain file")\n'} and rejects == {f'repo1/{name}': reason}, rejects
+        if odd == 'passwd': assert open('/etc/passwd', 'rb').readline().strip() not in _output_text(Path(tmp)/'out')
+        assert _repo_run(tmp)[0] == 0   # the user can finish: a rerun resumes
+
+
+def test_a_repositorys_files_and_inner_links_are_read():
+    """The controls: a plain file and a link to a file inside the repository are read (the link under its own path),
+    and the output search finds a text when a plain file of the repository holds it."""
+    marker = open('/etc/passwd', 'rb').readline().strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp)/'in'/'repo1'
+        repo.mkdir(parents=True)
+        (repo/'a.py').write_text('print("a plain file")\n')
+        os.symlink('a.py', repo/'same.py')
+        (repo/'copy.py').write_bytes(marker + b'\n')
+        rc, err, _ = _repo_run(tmp)
+        assert rc == 0, err[-800:]
+        docs, rejects = _docs_and_rejects(Path(tmp)/'out')
+        assert docs == {'repo1/a.py': 'print("a plain file")\n', 'repo1/same.py': 'print("a plain file")\n',
+                        'repo1/copy.py': marker.decode() + '\n'} and rejects == {}
+        assert marker in _output_text(Path(tmp)/'out')

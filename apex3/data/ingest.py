@@ -12,6 +12,7 @@ from typing import Iterator
 import numpy as np, zstandard
 from .core import Document, Stage, write_docs, write_jsonl_zst, without_surrogates
 from .scrub import redacted_preview
+from ..usage import NotInside, open_regular, regular_inside
 
 # %% auto #0
 __all__ = ['SAMPLE', 'DEFAULT_EXCLUDE', 'Rejected', 'open_binary', 'capped_lines', 'looks_binary', 'json_depth', 'count_lines',
@@ -155,13 +156,20 @@ def read_jsonl(path, source, text_key='text', max_line_bytes=8 << 20, max_depth=
     finally: f.close()
 
 # %% ../../nbs/51_ingest.ipynb #7732bc1f
-def read_text_file(path, source, doc_id, meta=None, max_doc_bytes=1 << 20):
-    "One document from a whole text file, or a Rejected (binary, invalid UTF-8, too large, unreadable)."
+def read_text_file(path, source, doc_id, meta=None, max_doc_bytes=1 << 20, inside=None):
+    """One document from a whole text file, or a Rejected (binary, invalid UTF-8, too large, unreadable; not a regular
+    file; with `inside`, a folder, an entry that is no regular file in it: `regular_inside`'s reasons). It is opened
+    without waiting (a FIFO), and within `inside` where its links lead, never following a link since the check."""
     try:
-        size = os.path.getsize(path)
-        if size > max_doc_bytes: return Rejected('too_large', path, 0, f'{size} > {max_doc_bytes} bytes')
-        raw = Path(path).read_bytes()
+        real = path if inside is None else regular_inside(path, inside)
+        with open_regular(real, follow=inside is None) as f:
+            if (size := os.fstat(f.fileno()).st_size) > max_doc_bytes:
+                return Rejected('too_large', path, 0, f'{size} > {max_doc_bytes} bytes')
+            raw = f.read(max_doc_bytes + 1)
+    except NotInside as e: return Rejected(e.reason, path, 0, str(e))
+    except ValueError: return Rejected('not_regular_file', path, 0, 'not a regular file')  # open_regular's
     except OSError as e: return Rejected('unreadable', path, 0, str(e))
+    if len(raw) > max_doc_bytes: return Rejected('too_large', path, 0, f'> {max_doc_bytes} bytes')  # it grew
     if looks_binary(raw): return Rejected('binary', path, 0, '', raw[:SAMPLE])
     s = _decode(raw, path, 0)
     return s if isinstance(s, Rejected) else Document(doc_id, s, {'source': source, **(meta or {})})
@@ -227,18 +235,40 @@ class Source:
         return self.__dict__['_units']
 
     def walk(self) -> list:
-        "The units as the file system holds them now."
+        """The units as the file system holds them now; a repository's entries that are no regular file inside it are
+        no file of its unit, but `set_aside` (a repository of nothing else is a unit without files)."""
         if self.kind != 'repo':
             files = sorted(glob.glob(os.path.expanduser(self.path), recursive=True))
             return [(f, [f], os.path.getsize(f)) for f in files if os.path.isfile(f)]
-        root, repos = Path(os.path.expanduser(self.path)), {}
+        repos, aside = {}, {}
+        for repo, f in self._repo_entries():
+            try:
+                regular_inside(f, self.repo_root(repo))
+                repos.setdefault(repo, []).append(f)
+            except NotInside as e: aside.setdefault(repo, []).append((f, e.reason, str(e)))  # never opened
+        self.__dict__['_aside'] = aside
+        files = {r: repos.get(r, []) for r in sorted(repos | aside)}
+        return [(r, fs, sum(os.path.getsize(f) for f in fs)) for r, fs in files.items()]
+
+    def _repo_entries(self) -> Iterator[tuple]:
+        "(repository, path) of each entry with the source's extensions, excluded folders and links to folders unwalked."
+        root = Path(os.path.expanduser(self.path))
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(x for x in dirnames if x not in self.exclude)
             rel = Path(dirpath).relative_to(root)
             repo = rel.parts[0] if rel.parts else self.name
             for fn in sorted(filenames):
-                if fn.endswith(tuple(self.extensions)): repos.setdefault(repo, []).append(os.path.join(dirpath, fn))
-        return [(r, fs, sum(os.path.getsize(f) for f in fs)) for r, fs in sorted(repos.items())]
+                if fn.endswith(tuple(self.extensions)): yield repo, os.path.join(dirpath, fn)
+
+    def repo_root(self, repo) -> Path:
+        "The folder of repository `repo`: a subfolder, or the source's folder for its loose files (the source's name)."
+        root = Path(os.path.expanduser(self.path))
+        return root if repo == self.name else root / repo
+
+    def set_aside(self, repo) -> list:
+        "[(path, reason, why)] of repository `repo`'s entries the walk found to be no regular file inside it."
+        self.units()
+        return self.__dict__['_aside'].get(repo, [])
 
     def deal(self) -> list:
         "Units dealt onto `shards` lists: largest first onto the lightest shard (ties: lowest index)."
@@ -253,6 +283,7 @@ class Source:
 def read_unit(src: Source, unit) -> Iterator:
     "Documents and Rejected records of one work unit of a source."
     name, files, _ = unit
+    if src.kind == 'repo': yield from (Rejected(why, f, 0, detail) for f, why, detail in src.set_aside(name))
     for f in files:
         if src.kind == 'jsonl':
             yield from read_jsonl(f, src.name, src.text_key, src.max_line_bytes, src.max_json_depth)
@@ -260,9 +291,9 @@ def read_unit(src: Source, unit) -> Iterator:
         elif src.kind == 'text':
             yield read_text_file(f, src.name, f'{src.name}/{os.path.basename(f)}', None, src.max_doc_bytes)
         elif src.kind == 'repo':
-            root = Path(os.path.expanduser(src.path)) / ('' if name == src.name else name)
+            root = src.repo_root(name)
             path = str(Path(f).relative_to(root))
-            yield read_text_file(f, src.name, f'{name}/{path}', {'repo': name, 'path': path}, src.max_doc_bytes)
+            yield read_text_file(f, src.name, f'{name}/{path}', {'repo': name, 'path': path}, src.max_doc_bytes, root)
         else: raise ValueError(f'unknown source kind {src.kind!r} (jsonl, parquet, text, repo)')
 
 # %% ../../nbs/51_ingest.ipynb #2f818aa3

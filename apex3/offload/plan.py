@@ -11,14 +11,14 @@ __all__ = ['LINKS', 'GEMM_SAVED', 'ACT_BYTES_PER_TOKEN_D', 'RECOMPUTES', 'PUBLIS
 
 # %% ../../nbs/21_offload_plan.ipynb #e38926da
 import dataclasses, itertools, json, math
-from decimal import Decimal, ROUND_CEILING, ROUND_FLOOR
+from decimal import ROUND_CEILING, ROUND_FLOOR
 from dataclasses import dataclass
 from types import SimpleNamespace
 from ..usage import ArgParser, UsageError
 from .constants import (GiB, CHUNK_BYTES, PRELOAD_GIB_BY_MASTERS, GPU_HEADROOM_GIB,
                                      ACT_PREFETCH_GIB, MASTER_BYTES)
 from ..plan import (MEM_FRACTION, BYTES, STATE_BYTES, DILOCO_BYTES, find_gpu, plan, diloco_plan, config_params,
-                        diloco_host_bytes, parse_number, read_figure, positive, at_least, one_of)
+                        diloco_host_bytes, parse_number, read_figure, positive, at_least, one_of, round_sig)
 
 # %% ../../nbs/21_offload_plan.ipynb #d588f2e4
 # GB/s each way, measured: PCIe 5 on the H200 host (records/link.jsonl), NVLink-C2C on a GH200 (346 of its 450 by spec)
@@ -194,13 +194,6 @@ def _offload_times(c, counts, s: OffloadPricing, offloaded, kept=0, preload=Fals
     return flops, compute, (act, grads), host, opt, stream - opt
 
 # %% ../../nbs/21_offload_plan.ipynb #ef7ce927
-def _sig(x, rounding, digits=3) -> str:
-    """`x` to `digits` significant digits as text, rounded as `rounding` says: up (`ROUND_CEILING`) for a budget that
-    must hold what it stands for, down (`ROUND_FLOOR`) for a share of a whole that must not pass it."""
-    if x <= 0: return '0'
-    q = Decimal(10) ** (math.floor(math.log10(x)) - digits + 1)
-    return f'{float((Decimal(x) / q).to_integral_value(rounding) * q):g}'
-
 @dataclass
 class OffloadPlan:
     config: str
@@ -239,7 +232,7 @@ class OffloadPlan:
         "The trainer and benchmark flags this plan recommends."
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
         # always: what the GPU keeps is the plan's to say, 0 too; rounded up, so that the budget holds what was planned
-        keep = f' --offload-gpu-gib {_sig(self.resident_gib, ROUND_CEILING)}'
+        keep = f' --offload-gpu-gib {round_sig(self.resident_gib, ROUND_CEILING):g}'
         keep += '' if self.masters == 'split' else f' --offload-masters {self.masters}'
         keep += '' if self.momentum == 'master' else f' --muon-momentum {self.momentum}'
         return (f'--config {self.config}{depth} --offload --offload-accum {self.accum_on}{keep} '
@@ -254,7 +247,7 @@ class OffloadPlan:
                   if self.writeback_s else '')
         return (f'One-GPU offload plan: config {self.config} with {self.layers} layers{fit} on 1 x {self.gpu}\n'
                 f'  GPU memory   {self.gpu_gib:.1f} of {self.gpu_budget_gib:.0f} GiB budget '
-                f'(optimizer state kept: {_sig(self.resident_gib, ROUND_FLOOR)} GiB{ring})\n'
+                f'(optimizer state kept: {round_sig(self.resident_gib, ROUND_FLOOR):g} GiB{ring})\n'
                 f'  Host memory  {self.host_gib:.1f} of {self.host_budget_gib:.0f} GiB budget '
                 f'(activations offloaded: {self.act_offloaded_gib:.1f} GiB{diloco})\n'
                 f'  Micro-batch  {self.micro_s:.2f} s ({self.bound}-bound: compute {self.compute_s:.2f} s, '

@@ -5,15 +5,15 @@
 # %% auto #0
 __all__ = ['GPUS', 'RECOMPUTE', 'STATE_BYTES', 'ACT_OVERHEAD', 'MEM_FRACTION', 'BYTES', 'GPU_CAP', 'DAYS_CAP', 'DAYS_FLOOR',
            'MFU_FLOOR', 'SHAPE_TOLERANCE', 'REAL_RUNS', 'DILOCO_BYTES', 'COMM_SHARE', 'parse_number', 'fmt_count',
-           'GPU', 'find_gpu', 'gpu_table', 'gpu_for_device', 'model_shape', 'train_flops', 'recompute_flops',
-           'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose', 'Serving', 'inference',
-           'read_figure', 'positive', 'at_least', 'one_of', 'Plan', 'plan_headline', 'plan_notes', 'plan_rows',
-           'config_inputs', 'plan', 'validation_table', 'DiLoCoPlan', 'diloco_plan', 'config_params',
+           'round_sig', 'GPU', 'find_gpu', 'gpu_table', 'gpu_for_device', 'model_shape', 'train_flops',
+           'recompute_flops', 'activation_bytes', 'Layout', 'search_target', 'search_gpus', 'choose', 'Serving',
+           'inference', 'read_figure', 'positive', 'at_least', 'one_of', 'Plan', 'plan_headline', 'plan_notes',
+           'plan_rows', 'config_inputs', 'plan', 'validation_table', 'DiLoCoPlan', 'diloco_plan', 'config_params',
            'diloco_host_bytes', 'gpus_main']
 
 # %% ../nbs/00_plan.ipynb #3119e2a9
 import dataclasses, difflib, math, re
-from decimal import Decimal
+from decimal import Decimal, ROUND_CEILING, ROUND_FLOOR
 from dataclasses import dataclass
 from .usage import ArgParser, UsageError
 
@@ -39,6 +39,13 @@ def fmt_count(x: float) -> str:
     for suf, scale in (('T', 1e12), ('B', 1e9), ('M', 1e6), ('K', 1e3)):
         if abs(x) >= scale: return f'{x/scale:.3g}{suf}'
     return f'{x:.3g}'
+
+def round_sig(x: float, rounding, digits=3) -> float:
+    """`x` at `digits` significant digits, rounded as `rounding` says: up (`ROUND_CEILING`) for a figure that must hold
+    `x`, down (`ROUND_FLOOR`) for one that must not pass it; exact, so `fmt_count` writes it without rounding again."""
+    if x <= 0: return 0.0
+    q = Decimal(10) ** (math.floor(math.log10(x)) - digits + 1)
+    return float((Decimal(x) / q).to_integral_value(rounding) * q)
 
 # %% ../nbs/00_plan.ipynb #b1a8e932
 @dataclass(frozen=True)
@@ -340,7 +347,7 @@ def one_of(flag, v, choices):
         raise UsageError(f"unknown {flag} {v!r} (choose from {', '.join(choices)})")
     return v
 
-def _check_inputs(params, active, tokens, mfu, precision, optimizer, seq, batch_tokens):
+def _check_inputs(params, active, tokens, mfu, precision, optimizer, seq, batch_tokens, tokens_given=True):
     if active > params:
         raise UsageError(f'active parameters ({fmt_count(active)}) exceed total parameters ({fmt_count(params)})')
     if mfu > 1: raise UsageError(f'--mfu is a fraction of the peak, at most 1, not {mfu:g}')
@@ -349,9 +356,15 @@ def _check_inputs(params, active, tokens, mfu, precision, optimizer, seq, batch_
     if batch_tokens < seq:
         raise UsageError(f'a step of {fmt_count(batch_tokens)} tokens (--batch-tokens) holds no whole sequence of '
                          f'{seq:,} (--seq)')
-    if tokens < batch_tokens:
-        raise UsageError(f'{fmt_count(tokens)} tokens are less than one step of {fmt_count(batch_tokens)}: '
-                         'train on more (--tokens) or take smaller steps (--batch-tokens)')
+    if tokens < batch_tokens: raise UsageError(_short_run_message(tokens, batch_tokens, seq, tokens_given))
+
+def _short_run_message(tokens, batch_tokens, seq, tokens_given):
+    "Fewer tokens than one step: which flag, at which value, plans the run (a small model's default tokens, often)."
+    more, fewer = round_sig(batch_tokens, ROUND_CEILING), round_sig(tokens, ROUND_FLOOR)
+    default = '' if tokens_given else ' (the default: 20 per active parameter)'
+    smaller = f', or --batch-tokens {fmt_count(fewer)} or fewer' if fewer >= seq else ''
+    return (f'{fmt_count(tokens)} tokens{default} are less than one step of {fmt_count(batch_tokens)} '
+            f'(--batch-tokens): give --tokens {fmt_count(more)} or more{smaller}')
 
 def _check_shape(active, layers, width, heads):
     "A `UsageError` unless the shape can hold the active parameters (12·L·d² within `SHAPE_TOLERANCE`) and one head."
@@ -503,6 +516,7 @@ def plan(params=None, active=None, tokens=None, gpu='H100', gpus=None, days=90, 
     if params is None: raise UsageError('give the parameter count (21B, 1.5T) or --config NAME')
     params = at_least('PARAMS', params, 1)
     active = params if active is None else at_least('--active', active, 1)
+    tokens_given = tokens is not None
     tokens = 20 * active if tokens is None else at_least('--tokens', tokens, 1)
     seq = 4096 if seq is None else at_least('--seq', seq, 1, whole=True)
     batch_tokens, mfu = at_least('--batch-tokens', batch_tokens, 1, whole=True), at_least('--mfu', mfu, MFU_FLOOR)
@@ -510,7 +524,7 @@ def plan(params=None, active=None, tokens=None, gpu='H100', gpus=None, days=90, 
     if days > DAYS_CAP: raise UsageError(f'--days: the planner plans at most {DAYS_CAP:,} days, not {days:g}')
     gpus = None if gpus is None else at_least('--gpus', gpus, 1, whole=True)
     if gpus is not None and gpus > GPU_CAP: raise UsageError(f'--gpus: the planner plans at most {GPU_CAP:,} GPUs')
-    _check_inputs(params, active, tokens, mfu, precision, optimizer, seq, batch_tokens)
+    _check_inputs(params, active, tokens, mfu, precision, optimizer, seq, batch_tokens, tokens_given)
     L, d = model_shape(active, layers, None if width is None else at_least('--width', width, 1, whole=True))
     _check_shape(active, L, d, heads)
     run = _Run(active, params, tokens, L, d, seq, g.peak(precision) * mfu, g.mem_gib, g.scaleup,

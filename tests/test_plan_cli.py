@@ -1,6 +1,6 @@
 """`apex3 plan` and `apex3 gpus` from the outside: bad input is one line and exit 2 (hypothesis, every flag), valid
 input a plan whose arithmetic holds, the command's cold start free of pandas and matplotlib, memory in GiB."""
-import json, math, subprocess, sys
+import json, math, re, subprocess, sys
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from apex3.cli import run_cli
@@ -117,6 +117,28 @@ def test_bad_input_in_a_real_process(args):
     r = _cli('plan', *args)
     assert_one_line(r.returncode, r.stdout, r.stderr)
 
+
+
+def _with(args, flag, value):
+    "`args` with `flag` set to `value`: replaced where given, else added."
+    if flag not in args: return [*args, flag, value]
+    i = args.index(flag)
+    return [*args[:i + 1], value, *args[i + 2:]]
+
+
+@pytest.mark.parametrize('args', [['--config', 'tiny'], ['70B', '--tokens', '1M'], ['70B', '--tokens', '4.19M'],
+                                  ['--config', 'tiny', '--batch-tokens', '1e9']])
+def test_fewer_tokens_than_a_step_names_values_that_plan(args):
+    "A run shorter than one step (`--config tiny`'s default tokens): one line naming flags whose values then plan it."
+    r = _cli('plan', *args)
+    assert_one_line(r.returncode, r.stdout, r.stderr)
+    suggested = re.findall(r'(--tokens|--batch-tokens) (\S+) or', r.stderr)
+    assert suggested, r.stderr
+    for flag, value in suggested:
+        ok = _cli('plan', *_with(args, flag, value))
+        assert ok.returncode == 0, (flag, value, ok.stderr)
+    # control: the step written to three digits the nearest way (4.19M) is still short of it, so the check can fail
+    assert _cli('plan', *_with(args, '--tokens', '4.19M')).returncode == 2
 
 def test_readme_offload_line_prints_offload_gpu_gib():
     "The README: `apex3 plan --config C --gpu H200 --host-gib 128 --link-gbs 54` prints `--offload-gpu-gib N`."

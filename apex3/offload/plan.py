@@ -6,18 +6,19 @@
 __all__ = ['LINKS', 'GEMM_SAVED', 'ACT_BYTES_PER_TOKEN_D', 'RECOMPUTES', 'PUBLISHED_ACT_OFFLOAD', 'HOST_OVERHEAD_GIB',
            'HOST_SLAB_WASTE', 'KERNEL_EFF', 'FORWARD_SHARE', 'HOST_ACCUM_PER_S', 'BOTH_WAYS_SHARE',
            'BACKWARD_WORKSPACE_GIB', 'MOMENTUM_BYTES', 'CLUSTER_FLAGS', 'ONE_GPU_FLAGS', 'link_speed', 'OffloadPricing',
-           'per_param_bytes', 'recompute_flops', 'offload_host_gib', 'micro_time', 'OffloadPlan', 'offload_plan',
-           'plan_main']
+           'per_param_bytes', 'recompute_flops', 'whole_state_gib', 'offload_host_gib', 'micro_time', 'OffloadPlan',
+           'offload_plan', 'plan_main']
 
 # %% ../../nbs/21_offload_plan.ipynb #e38926da
 import dataclasses, itertools, json, math
+from decimal import ROUND_CEILING, ROUND_FLOOR
 from dataclasses import dataclass
 from types import SimpleNamespace
 from ..usage import ArgParser, UsageError
 from .constants import (GiB, CHUNK_BYTES, PRELOAD_GIB_BY_MASTERS, GPU_HEADROOM_GIB,
                                      ACT_PREFETCH_GIB, MASTER_BYTES)
 from ..plan import (MEM_FRACTION, BYTES, STATE_BYTES, DILOCO_BYTES, find_gpu, plan, diloco_plan, config_params,
-                        diloco_host_bytes, parse_number, read_figure, positive, at_least, one_of)
+                        diloco_host_bytes, parse_number, read_figure, positive, at_least, one_of, round_sig)
 
 # %% ../../nbs/21_offload_plan.ipynb #d588f2e4
 # GB/s each way, measured: PCIe 5 on the H200 host (records/link.jsonl), NVLink-C2C on a GH200 (346 of its 450 by spec)
@@ -116,12 +117,18 @@ def _activations_offloaded(c, s):
     return by_count + max(0, rest - s.act_budget * s.gpu.mem_gib * GiB)
 
 # %% ../../nbs/21_offload_plan.ipynb #878978fe
+def whole_state_gib(c, counts, momentum='master') -> float:
+    """GiB of every parameter's FP32 master, optimizer state and FP32 accumulator: what the trainer charges to keep all
+    of them on the GPU (chapter `20a_host_optim`'s `resident_bytes`), the most `--offload-gpu-gib` can keep."""
+    return counts['total'] * per_param_bytes(c, counts, 'cpu', 'fp32', momentum)[0] / GiB
+
 def _offload_budgets(c, counts, s: OffloadPricing):
     "GPU bytes, host bytes, activation bytes offloaded per micro-batch, and parameters whose state stays on the GPU."
     N, d = counts['total'], c.d_model
     per, _ = per_param_bytes(c, counts, s.accum_on, s.masters, s.momentum)
     per_kept, _ = per_param_bytes(c, counts, s.accum_on, 'fp32', s.momentum)   # state kept on the GPU: whole masters
-    kept = min(N, s.resident_gib * GiB / per_kept)
+    # all of them where the budget holds the whole state (as the trainer counts it: with accumulators), else its share
+    kept = N if s.resident_gib >= whole_state_gib(c, counts, s.momentum) else min(N, s.resident_gib * GiB / per_kept)
     layer_params = (N - 2 * c.vocab_size * d) / c.n_layers
     acts = c.n_layers * (ACT_BYTES_PER_TOKEN_D - _projection(c, s.recompute)[1]) * c.seq_len * s.micro_bs * d
     offloaded = _activations_offloaded(c, s)
@@ -224,7 +231,8 @@ class OffloadPlan:
     def flags(self):
         "The trainer and benchmark flags this plan recommends."
         depth = f' --set n_layers={self.layers}' if self.layers < self.full_layers else ''
-        keep = f' --offload-gpu-gib {self.resident_gib:g}'   # always: what the GPU keeps is the plan's to say, 0 too
+        # always: what the GPU keeps is the plan's to say, 0 too; rounded up, so that the budget holds what was planned
+        keep = f' --offload-gpu-gib {round_sig(self.resident_gib, ROUND_CEILING):g}'
         keep += '' if self.masters == 'split' else f' --offload-masters {self.masters}'
         keep += '' if self.momentum == 'master' else f' --muon-momentum {self.momentum}'
         return (f'--config {self.config}{depth} --offload --offload-accum {self.accum_on}{keep} '
@@ -239,7 +247,7 @@ class OffloadPlan:
                   if self.writeback_s else '')
         return (f'One-GPU offload plan: config {self.config} with {self.layers} layers{fit} on 1 x {self.gpu}\n'
                 f'  GPU memory   {self.gpu_gib:.1f} of {self.gpu_budget_gib:.0f} GiB budget '
-                f'(optimizer state kept: {self.resident_gib:g} GiB{ring})\n'
+                f'(optimizer state kept: {round_sig(self.resident_gib, ROUND_FLOOR):g} GiB{ring})\n'
                 f'  Host memory  {self.host_gib:.1f} of {self.host_budget_gib:.0f} GiB budget '
                 f'(activations offloaded: {self.act_offloaded_gib:.1f} GiB{diloco})\n'
                 f'  Micro-batch  {self.micro_s:.2f} s ({self.bound}-bound: compute {self.compute_s:.2f} s, '
@@ -256,9 +264,11 @@ def _priced(base, c, counts, s: OffloadPricing, accum, host_gib, offload_gpu_gib
     gpu_budget, host_budget = MEM_FRACTION * g.mem_gib, MEM_FRACTION * host_gib
     keep = offload_gpu_gib
     if keep is None: keep = max(0, math.floor((gpu_budget - _offload_budgets(c, counts, s)[0] / GiB) / 1.05))
+    keep = min(keep, whole_state_gib(c, counts, s.momentum))   # a budget past the whole state keeps no more
     s = dataclasses.replace(s, resident_gib=keep)
     gpu_b, host_b, off, kept = _offload_budgets(c, counts, s)
-    room = gpu_b / GiB + s.preload_gib + GPU_HEADROOM_GIB <= g.mem_gib   # for `preload`'s ring beside the run's peak
+    # `preload`'s ring, where something streams and the GPU has room for it beside the run's peak
+    room = kept < counts['total'] and gpu_b / GiB + s.preload_gib + GPU_HEADROOM_GIB <= g.mem_gib
     flops, compute, (act, grads), host, opt, behind = _offload_times(c, counts, s, off, kept, preload=room)
     micro, bound = micro_time(compute, act, grads, host)
     step = accum * micro + opt

@@ -501,3 +501,52 @@ def test_a_closed_stdout_ends_the_run_quietly(tmp_path):
     shutil.rmtree(tmp_path / 'o')
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and 'stage' in done.stdout, done.stderr
+
+LOST_CONFIG = '''[pipeline]
+out = "out"
+[[source]]
+name = "p"
+kind = "jsonl"
+path = "raw/*.jsonl"
+shards = 4
+stages = ["redact", "dedup"]
+[tokenize]
+vocab_size = 300
+[long]
+enabled = false
+'''
+
+def token_docs(folder) -> int:
+    "Documents in the token shards of `folder` (each `.idx` holds one uint64 end per document)."
+    return sum(p.stat().st_size // 8 for p in Path(folder).glob('*.idx'))
+
+def markers_written(out) -> dict:
+    return {str(m): m.stat().st_mtime_ns for m in Path(out).rglob('.done/*.json')}
+
+@pytest.mark.parametrize('harm', ['delete', 'truncate'])
+def test_a_task_whose_output_was_removed_is_redone(tmp_path, harm):
+    """A finished task whose output file was deleted (or cut short) by hand is not finished: a rerun redoes it, with one
+    warning line naming the file, exit 0, and the token shards hold every input document again. The control: a rerun
+    with nothing touched does no work (no marker written again, no line on stderr)."""
+    rng = random.Random(0)
+    (tmp_path/'raw').mkdir()
+    for f in range(8):   # 8 files of 30 documents no two alike: redact and dedup keep all 240
+        (tmp_path/'raw'/f'f{f}.jsonl').write_text(''.join(json.dumps(
+            {'text': ' '.join(f'w{rng.randrange(5000)}' for _ in range(30)) + f' doc{f}x{j}'}) + '\n'
+            for j in range(30)))
+    (tmp_path/'c.toml').write_text(LOST_CONFIG)
+    assert apex3('data', 'run', tmp_path/'c.toml')[0] == 0
+    out = tmp_path/'out'
+    assert token_docs(out/'tokens'/'p') == 240
+    before = markers_written(out)
+    assert apex3('data', 'run', tmp_path/'c.toml') == (0, '')   # the control: nothing to do, nothing redone
+    assert markers_written(out) == before
+    shard = out/'work'/'p'/'01_redact'/'shard-00001.jsonl.zst'
+    if harm == 'delete': shard.unlink()
+    else: shard.write_bytes(shard.read_bytes()[:100])
+    rc, err = apex3('data', 'run', tmp_path/'c.toml')
+    assert rc == 0 and 'shard-00001.jsonl.zst' in one_line(err) and 'stage p:redact redone' in err, err
+    assert token_docs(out/'tokens'/'p') == 240
+    redact = [r for r in json.loads((out/'markers.json').read_text()) if r['stage'] == 'p:redact']
+    assert sum(r['counts']['docs_out'] for r in redact) == 240
+    assert apex3('data', 'run', tmp_path/'c.toml') == (0, '')   # and once redone, it is finished

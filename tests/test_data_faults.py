@@ -248,10 +248,11 @@ def test_worker_killed_mid_task_is_one_line_and_resumes(tmp_path):
     assert sorted(a) == sorted(b) and all(a[k] == b[k] for k in a)  # no stale temporary file, nothing half-written
 
 def test_a_damaged_shard_is_one_line_and_its_stage_remade(tmp_path):
-    """A stage's shard cut short between runs (a disk fault, a copy that stopped): the run that reads it exits 2 with
-    one line naming the file, where a short read would have lost its documents silently; the control, the same run
-    with the shard whole, finishes. Doing what the line says (remove the folder of the stage that wrote it) and
-    running again gives a clean run's bytes."""
+    """A stage's shard garbled between runs (a disk fault), its size as written, so its marker still vouches for it:
+    the run that reads it exits 2 with one line naming the file, where a short read would have lost its documents
+    silently; the control, the same run with the shard whole, finishes. Doing what the line says (remove the folder
+    of the stage that wrote it) and running again gives a clean run's bytes. (A shard cut short is another size:
+    its task is redone, `test_data_cli`.)"""
     from apex3.data.pipeline import output_files
     corpus(tmp_path/'raw', n_files=2, docs=200)
     clean = apex3('data', 'run', config(tmp_path, tmp_path/'clean', workers=2))
@@ -269,10 +270,10 @@ def test_a_damaged_shard_is_one_line_and_its_stage_remade(tmp_path):
     shutil.rmtree(out)
     stage = stopped_after_stage_1()
     shard = sorted(stage.glob('*.jsonl.zst'))[1]
-    shard.write_bytes(shard.read_bytes()[:-100])
+    shard.write_bytes(shard.read_bytes()[:-100] + bytes(100))
     r = apex3('data', 'run', cfg)
     assert r.returncode == 2 and r.stderr.count('\n') == 1 and 'Traceback' not in r.stderr, r.stderr[-2000:]
-    assert r.stderr.startswith(f'apex3 data: error: {shard}: zstandard data cut short'), r.stderr
+    assert r.stderr.startswith(f'apex3 data: error: {shard}: damaged zstandard data'), r.stderr
     assert 'remove the folder of the stage that wrote it' in r.stderr
     shutil.rmtree(stage)
     again = apex3('data', 'run', cfg)

@@ -20,10 +20,10 @@ __all__ = ['ZST_PIECE', 'MAX_DOC_BYTES', 'MAX_SHARD_LINE', 'RULE_END', 'LOCK', '
            'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes',
            'write_jsonl_zst', 'DamagedFile', 'zst_pieces', 'read_zst', 'zst_lines', 'read_jsonl_zst',
            'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'whole', 'NumberRule', 'number', 'Step', 'TaskContext',
-           'Stage', 'marker_path', 'is_done', 'run_task', 'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards',
-           'write_task_outputs', 'MapStage', 'FolderBusy', 'holding', 'Executor', 'remove_stale_temps', 'pending_tasks',
-           'die_with_parent', 'WorkerDied', 'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor',
-           'stdlib_files']
+           'Stage', 'marker_path', 'written_outputs', 'lost_output', 'warn_redone', 'is_done', 'run_task',
+           'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs', 'MapStage',
+           'FolderBusy', 'holding', 'Executor', 'remove_stale_temps', 'pending_tasks', 'die_with_parent', 'WorkerDied',
+           'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -270,10 +270,34 @@ class Stage:
 
 def marker_path(stage, i) -> Path: return Path(stage.out)/'.done'/f'{stage.task_name(i)}.json'
 
+def written_outputs(stage, task: str) -> dict:
+    "{file relative to `out`: size} of the files task `task` wrote (`task_outputs`): what its marker lists."
+    out = Path(stage.out)
+    return {os.path.relpath(f, out): f.stat().st_size for f in sorted(stage.task_outputs(task)) if f.is_file()}
+
+def lost_output(stage, rec: dict) -> str | None:
+    """'FILE is gone' (or 'has changed') for the first file a marker's record lists that is missing or of another size
+    now; None when each is as its task wrote it. By `os.stat`, not by reading: a rerun asks it of every finished
+    task. A marker that lists no files (an earlier version's) vouches for its task as before."""
+    outs = rec.get('outputs')
+    for rel, size in (outs.items() if isinstance(outs, dict) else ()):
+        try: now = os.stat(Path(stage.out)/rel).st_size
+        except OSError: return f'{rel} is gone'
+        if now != size: return f'{rel} has changed: {now} bytes, {size} when written'
+    return None
+
+def warn_redone(stage, n: int, lost: str):
+    "One warning line: `n` finished tasks of `stage` are redone, since an output they wrote is `lost`."
+    tasks = f'{n} finished tasks' if n > 1 else '1 finished task'
+    logging.getLogger(__name__).warning(f'warning: {stage.out}: {tasks} of stage {stage.name} redone, since an '
+                                        f'output is missing or changed ({lost})')
+
 def is_done(stage, i) -> bool:
-    "Whether task `i` has a marker written with the stage's current parameters and inputs."
+    "Whether task `i` has a marker written with the stage's current parameters and inputs, and its outputs are there."
     m = marker_path(stage, i)
-    return m.exists() and marker_identity(m)[0] == task_identity(stage, i)
+    if not m.exists(): return False
+    rec = read_marker(m)
+    return rec is not None and rec.get('identity') == task_identity(stage, i) and lost_output(stage, rec) is None
 
 def _remove_marker(m: Path):
     """Delete the marker of a task `restart` redoes. A folder in its place goes only when empty: no marker is a folder,
@@ -288,21 +312,24 @@ def _remove_marker(m: Path):
                          ) from None
 
 def run_task(stage, i, restart=False) -> dict:
-    """Run task `i` of `stage` unless it finished with the stage's current parameters and inputs; write the marker
-    last, with the task's identity digest (the identity itself is written beside the markers, once). Returns the
-    marker's content. A marker of other parameters or inputs, or a damaged one, is a `StaleTasks`, the executors' rule
-    for a single task; with `restart` the task is redone."""
+    """Run task `i` of `stage` unless it finished with the stage's current parameters and inputs and its outputs are
+    as it wrote them; write the marker last, with the task's identity digest (the identity itself is written beside
+    the markers, once) and its output files' sizes. Returns the marker's content. A marker of other parameters or
+    inputs, or a damaged one, is a `StaleTasks`, the executors' rule for a single task; with `restart` the task is
+    redone. A task whose output is missing or changed is redone, with a warning."""
     m, ident = marker_path(stage, i), identity_of(stage)
     if m.exists():
         rec = read_marker(m)
-        if rec is not None and rec.get('identity') == task_identity(stage, i): return rec
-        if not restart: raise StaleTasks(stale_line(stage, 1, m))
+        if rec is not None and rec.get('identity') == task_identity(stage, i):
+            if (lost := lost_output(stage, rec)) is None: return rec
+            warn_redone(stage, 1, lost)
+        elif not restart: raise StaleTasks(stale_line(stage, 1, m))
         _remove_marker(m)
     t0, cpu0 = time.perf_counter(), time.process_time()
     counts = dict(stage.run(i))
     rec = dict(stage=stage.name, task=stage.task_name(i), seconds=time.perf_counter()-t0,
                cpu_seconds=time.process_time()-cpu0, counts=counts, identity=task_identity(stage, i),
-               record=ident['record'])
+               record=ident['record'], outputs=written_outputs(stage, stage.task_name(i)))
     if not identity_path(stage, ident['record']).exists():
         atomic_write_bytes(identity_path(stage, ident['record']), json.dumps(ident['ident']).encode())
     atomic_write_bytes(m, json.dumps(rec).encode())
@@ -425,10 +452,16 @@ def _remove_task_outputs(stage, marker: Path):
         if f.is_file(): f.unlink()
     marker.unlink(missing_ok=True)
 
+def _lost_outputs(stage, tasks) -> dict:
+    "{task: what is lost} of those of `tasks` (finished, by their markers) whose outputs are not as they wrote them."
+    recs = {i: read_marker(marker_path(stage, i)) or {} for i in tasks}
+    return {i: lost for i, rec in recs.items() if (lost := lost_output(stage, rec))}
+
 def pending_tasks(stage, restart=False) -> list:
     """The unfinished tasks of `stage`, its folder cleared of what killed writers left there first. Tasks finished
     with other parameters or inputs are a `StaleTasks` (reusing them would mix old and new results silently); with
-    `restart` they are redone instead, and the outputs of tasks the stage no longer has are deleted."""
+    `restart` they are redone instead, and the outputs of tasks the stage no longer has are deleted. A finished task
+    whose output is missing or changed is unfinished: redone, with one warning line for the stage."""
     found = {i: marker_identity(m)[0] for i in range(stage.n_tasks()) if (m := marker_path(stage, i)).exists()}
     stale, orphans = [i for i, d in found.items() if d != task_identity(stage, i)], _orphans(stage)
     if (stale or orphans) and not restart:
@@ -436,7 +469,10 @@ def pending_tasks(stage, restart=False) -> list:
         raise StaleTasks(stale_line(stage, len(stale) + len(orphans), first))
     for i in stale: _remove_marker(marker_path(stage, i))
     for m in orphans: _remove_task_outputs(stage, m)
-    todo = [i for i in range(stage.n_tasks()) if i not in found or i in stale]
+    lost = _lost_outputs(stage, [i for i in found if i not in stale])
+    if lost: warn_redone(stage, len(lost), next(iter(lost.values())))
+    for i in lost: _remove_marker(marker_path(stage, i))
+    todo = [i for i in range(stage.n_tasks()) if i not in found or i in stale or i in lost]
     if todo and Path(stage.out).resolve() != Path.cwd(): remove_stale_temps(stage.out)
     return todo
 

@@ -269,6 +269,7 @@ class Clusters(Stage):
     def __init__(self, sig_dir, verified_dir, out):
         self.sig_dir, self.verified_dir, self.out = str(sig_dir), str(verified_dir), str(out)
         self.name = 'dedup:clusters'
+    def task_outputs(self, task): return sorted(Path(self.out).glob('*.json'))  # its one task writes every shard's list
     def run(self, i):
         names = _npz_names(self.sig_dir)
         sigs = [np.load(Path(self.sig_dir)/f'{n}.npz') for n in names]

@@ -64,6 +64,7 @@ class TrainTokenizer(Stage):
         self.vocab_size, self.sample_bytes, self.tokenizer_json = vocab_size, sample_bytes, tokenizer_json
     @property
     def path(self): return Path(self.out)/'tokenizer.json'
+    def task_outputs(self, task): return [self.path]  # its one task's file, not named after the task
     def run(self, i):
         if self.tokenizer_json:
             tok = load_tokenizer(self.tokenizer_json)

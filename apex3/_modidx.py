@@ -2248,9 +2248,11 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.usage.ArgParser.parse_args': ('usage.html#argparser.parse_args', 'apex3/usage.py'),
                              'apex3.usage.NotInside': ('usage.html#notinside', 'apex3/usage.py'),
                              'apex3.usage.NotInside.__init__': ('usage.html#notinside.__init__', 'apex3/usage.py'),
+                             'apex3.usage.Terminated': ('usage.html#terminated', 'apex3/usage.py'),
                              'apex3.usage.UsageError': ('usage.html#usageerror', 'apex3/usage.py'),
                              'apex3.usage._gpu_out_of_memory': ('usage.html#_gpu_out_of_memory', 'apex3/usage.py'),
                              'apex3.usage._one_line': ('usage.html#_one_line', 'apex3/usage.py'),
+                             'apex3.usage._raise_terminated': ('usage.html#_raise_terminated', 'apex3/usage.py'),
                              'apex3.usage._refuse': ('usage.html#_refuse', 'apex3/usage.py'),
                              'apex3.usage._shown': ('usage.html#_shown', 'apex3/usage.py'),
                              'apex3.usage._silence_stdout': ('usage.html#_silence_stdout', 'apex3/usage.py'),
@@ -2268,5 +2270,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.usage.read_small_file': ('usage.html#read_small_file', 'apex3/usage.py'),
                              'apex3.usage.regular_inside': ('usage.html#regular_inside', 'apex3/usage.py'),
                              'apex3.usage.run_command': ('usage.html#run_command', 'apex3/usage.py'),
+                             'apex3.usage.term_as_interrupt': ('usage.html#term_as_interrupt', 'apex3/usage.py'),
                              'apex3.usage.utf8_text': ('usage.html#utf8_text', 'apex3/usage.py'),
                              'apex3.usage.warn_once': ('usage.html#warn_once', 'apex3/usage.py')}}}

@@ -4,12 +4,12 @@
 
 # %% auto #0
 __all__ = ['INT_MAX', 'STORAGE_ERRNOS', 'HOST_OOM_SIGNS', 'SMALLER', 'GiB', 'UsageError', 'ArgParser', 'in_range', 'utf8_text',
-           'header_text', 'run_command', 'is_fs_error', 'os_error_line', 'is_out_of_memory', 'out_of_memory_line',
-           'probe_writable', 'open_regular', 'read_small_file', 'NotInside', 'regular_inside', 'free_port', 'warn_once',
-           'load_target', 'commands_usage']
+           'header_text', 'Terminated', 'term_as_interrupt', 'run_command', 'is_fs_error', 'os_error_line',
+           'is_out_of_memory', 'out_of_memory_line', 'probe_writable', 'open_regular', 'read_small_file', 'NotInside',
+           'regular_inside', 'free_port', 'warn_once', 'load_target', 'commands_usage']
 
 # %% ../nbs/000_usage.ipynb #6c0ec4ff
-import argparse, errno, importlib, math, os, re, sys, tempfile
+import argparse, contextlib, errno, importlib, math, os, re, signal, sys, tempfile, threading
 
 # %% ../nbs/000_usage.ipynb #236a152d
 class UsageError(ValueError):
@@ -70,11 +70,30 @@ def header_text(text: str, what: str) -> str:
 # %% ../nbs/000_usage.ipynb #b5550a0d
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})  # a bare write's
 
-def run_command(name, fn, argv=None):
+class Terminated(KeyboardInterrupt):
+    "A SIGTERM, raised as Ctrl-C's `KeyboardInterrupt` is: every `finally` and context manager on the way out runs."
+
+def _raise_terminated(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM (clean-up that hangs) ends the process at once
+    raise Terminated()
+
+@contextlib.contextmanager
+def term_as_interrupt():
+    """In the block, a SIGTERM to this process raises `Terminated` in its main thread; outside the main thread (which
+    alone takes signal handlers), nothing changes. The handler before it comes back after the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _raise_terminated)
+    try: yield
+    finally: signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+
+def run_command(name, fn, argv=None, clean_on_term=False):
     """Run subcommand `fn` on `argv`: a `UsageError`, a file-system failure or memory running out becomes one stderr
-    line and status 2."""
+    line and status 2. With `clean_on_term`, a SIGTERM ends it as Ctrl-C does (`term_as_interrupt`), status 143."""
     try:
-        rc = fn(argv) or 0
+        with term_as_interrupt() if clean_on_term else contextlib.nullcontext():
+            rc = fn(argv) or 0
         sys.stdout.flush()   # a closed pipe shows up here when the output was buffered
         return rc
     except UsageError as e:
@@ -82,6 +101,9 @@ def run_command(name, fn, argv=None):
     except BrokenPipeError:
         _silence_stdout()
         return 141
+    except Terminated:
+        print(f'apex3 {name}: terminated', file=sys.stderr)
+        return 143
     except KeyboardInterrupt:   # Ctrl-C: what a file was being written when it came is whole or absent (atomic writes)
         print(f'\napex3 {name}: interrupted', file=sys.stderr)
         return 130

@@ -1,5 +1,5 @@
 "`apex3 agent` as a user meets it: a real process, bad input is one stderr line and status 2, a trace replays."
-import json, os, subprocess, sys
+import contextlib, json, os, subprocess, sys, threading, time
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
@@ -100,8 +100,9 @@ def _endpoint(reply):
             try: conn, _ = srv.accept()
             except OSError: return
             if reply is not None:
-                _read_request(conn)
-                conn.sendall(b'HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n' + reply)
+                with contextlib.suppress(OSError):   # a client that has read enough closes the connection early
+                    _read_request(conn)
+                    conn.sendall(b'HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n' + reply)
                 conn.close()
     threading.Thread(target=serve, daemon=True).start()
     return srv, f'http://127.0.0.1:{srv.getsockname()[1]}/v1'
@@ -114,6 +115,48 @@ def test_a_chunk_nested_too_deep_is_one_line():
     assert (p.returncode, p.stderr) == (2, want)
     import pytest
     with pytest.raises(RecursionError): json.loads(DEEP_CHUNK.split(b'\n')[0][len(b'data: '):])
+
+def _sse(delta) -> bytes:
+    return b'data: ' + json.dumps({'choices': [{'index': 0, 'delta': delta}]}).encode() + b'\n\n'
+
+def _long_call(fragments) -> bytes:
+    "A streamed reply of one python call whose code comes in `fragments` chunks of 1 KB."
+    args = ['{"code": "', *['x' * 1024] * fragments, '"}']
+    call = [{'index': 0, 'id': 'c', 'type': 'function', 'function': {'name': 'python'}}]
+    return _sse({'tool_calls': call}) + b''.join(_sse({'tool_calls': [{'index': 0, 'function': {'arguments': a}}]})
+                                                  for a in args) + b'data: [DONE]\n\n'
+
+def _run_on(reply, max_tokens):
+    "(last stdout line, seconds) of `apex3 agent run` on an endpoint that streams `reply`."
+    srv, url = _endpoint(reply)
+    t0 = time.monotonic()
+    with srv: p = agent('run', '--model-url', url, '--model', 'm', '--prompt', 'hi', '--max-turns', '1',
+                        '--max-tokens', max_tokens)
+    return p.stdout.strip().splitlines()[-1], time.monotonic() - t0
+
+def test_max_tokens_bounds_a_calls_streamed_arguments():
+    """Each fragment of a call's arguments takes a piece of --max-tokens, as a token of text does: 16,000 fragments of
+    1 KB are cut after 200, the turn ends on the budget with no call. The control: a call within the budget is made."""
+    line, _ = _run_on(_long_call(16_000), 200)
+    assert line == '[tokens: 1 turns, 0 calls, 200 pieces]'
+    line, _ = _run_on(_long_call(100), 200)   # 103 fragments (the name, 102 of arguments), the call, the end
+    assert line == '[turns: 1 turns, 1 calls, 105 pieces]'
+
+def test_a_calls_arguments_are_gathered_in_linear_time():
+    """32 MB of arguments in 1 KB fragments, within the budget, take about 8x as long as 4 MB (a string grown by `+=`
+    copies what it holds at each fragment: 64x)."""
+    from apex3.agent.remote import RemoteModel
+    def seconds(fragments):
+        srv, url = _endpoint(_long_call(fragments))
+        pieces, t0 = [], time.monotonic()
+        with srv:   # in a thread: a quadratic gathering would take minutes, which the test does not wait for
+            chat = lambda: pieces.extend(RemoteModel(url, 'm').chat([{'role': 'user', 'content': 'hi'}], [], 10**6))
+            (t := threading.Thread(target=chat, daemon=True)).start()
+            t.join(60)
+        assert len(pieces) > 1 and len(pieces[-2]) > fragments * 1024, 'the call did not come whole within 60 s'
+        return time.monotonic() - t0
+    small, big = seconds(4_000), seconds(32_000)
+    assert small < big < 20 * small, (small, big)
 
 def test_the_timeout_flag_bounds_a_server_that_never_answers():
     "`--timeout` reaches the client: one line naming it; the seconds waited follow it (control: a longer one waits more)."

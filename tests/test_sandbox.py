@@ -1,9 +1,9 @@
 "The agent sandbox: the escape suite per backend (printed as N/N blocked), its controls, the workspace quota, the CLI."
-import contextlib, errno, io, os, pathlib, shutil, stat, subprocess, sys, tempfile, time
+import contextlib, errno, io, os, pathlib, shutil, signal, stat, subprocess, sys, tempfile, time
 import pytest
 from apex3.usage import UsageError, run_command
 from apex3.agent.sandbox import BwrapSandbox, DockerSandbox, Limits, bwrap_argv, get_sandbox, docker_client
-from apex3.agent.workspace import _plain, SANDBOX_UID, Workspace
+from apex3.agent.workspace import _plain, SANDBOX_UID, Workspace, sweep_orphans
 from apex3.agent.escapes import (SUITE_LIMITS as SUITE, SUITE_ROWS, BAIT_VAR, NullSandbox, control_suite, escape_suite,
                                  escape_table, sandbox_main)
 
@@ -156,6 +156,34 @@ def test_cli_runs_a_command():
 def test_cli_bad_input_is_one_line(argv):
     rc, out, err = _cli(*argv)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith('apex3 agent sandbox: error:')
+
+APEX3 = [sys.executable, '-c', 'import sys; from apex3.cli import main; sys.exit(main())']
+
+def _workspaces_of(pid):
+    "The host mounts of the workspaces process `pid` made (their folder names it: `apex3-ws-PID-`)."
+    with open('/proc/self/mounts') as f: return [l.split()[1] for l in f if f'/apex3-ws-{pid}-' in l]
+
+def _signalled_mid_run(sig):
+    "(status, stderr, workspaces left mounted) of `apex3 agent sandbox -- sleep 30` sent `sig` once its tmpfs is up."
+    p = subprocess.Popen([*APEX3, 'agent', 'sandbox', '--', 'sleep', '30'], stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, 'PYTHONPATH': str(pathlib.Path(__file__).parents[1])})
+    end = time.monotonic() + 30
+    while not _workspaces_of(p.pid) and time.monotonic() < end and p.poll() is None: time.sleep(0.05)
+    assert _workspaces_of(p.pid), 'the workspace was never mounted'
+    time.sleep(0.5)   # the command is running in the sandbox
+    p.send_signal(sig)
+    return p.wait(timeout=30), p.stderr.read(), _workspaces_of(p.pid)
+
+@needs_bwrap
+@needs_root
+def test_sigterm_unmounts_the_workspace_as_ctrl_c_does():
+    rc, err, left = _signalled_mid_run(signal.SIGTERM)
+    assert (rc, err, left) == (143, 'apex3 agent sandbox: terminated\n', [])
+    rc, err, left = _signalled_mid_run(signal.SIGINT)
+    assert (rc, err.splitlines()[-1], left) == (130, 'apex3 agent sandbox: interrupted', [])
+    rc, _, left = _signalled_mid_run(signal.SIGKILL)   # the control: no clean-up runs, the mount stays
+    try: assert rc == -signal.SIGKILL and len(left) == 1
+    finally: sweep_orphans()   # what the next sandbox run would do
 
 def test_missing_backend_is_a_usage_error():
     with pytest.raises(UsageError, match='bubblewrap is not installed'): BwrapSandbox(bwrap='/nonexistent/bwrap')

@@ -30,7 +30,8 @@ def agent_main(argv=()):
     if argv[0] not in AGENT_COMMANDS:
         raise UsageError(f"unknown agent command {argv[0]!r} (choose from {', '.join(AGENT_COMMANDS)})")
     fn = load_target(AGENT_COMMANDS[argv[0]][0])
-    return run_command(f'agent {argv[0]}', fn, argv[1:])   # its errors name it: `apex3 agent call: error: ...`
+    # its errors name it (`apex3 agent call: error: ...`); a SIGTERM unmounts the sandbox's workspace, as Ctrl-C does
+    return run_command(f'agent {argv[0]}', fn, argv[1:], clean_on_term=True)
 
 # %% ../../nbs/67_agent_cli.ipynb #rem0cd01
 def remote_parser(prog, description):

@@ -53,31 +53,34 @@ def _json_text(x) -> str:
     return json.dumps(x, ensure_ascii=False).replace('<', '\\u003c')
 
 def _call_text(call) -> str:
-    """A streamed call as the chat template writes one. Arguments that are JSON are written again by `_json_text`,
-    so a `</tool_call>` inside a string cannot end the call; others go as sent, for the parser to refuse."""
-    args = call['arguments'] or '{}'
+    """A streamed call (its name's and arguments' fragments) as the chat template writes one. Arguments that are JSON
+    are written again by `_json_text`, so a `</tool_call>` inside a string cannot end the call; others go as sent, for
+    the parser to refuse."""
+    name, args = _json_text(''.join(call['name'])), ''.join(call['arguments']) or '{}'
     try: args = _json_text(json.loads(args))
     except (ValueError, RecursionError): pass
-    return f'<tool_call>\n{{"name": {_json_text(call["name"])}, "arguments": {args}}}\n</tool_call>'
+    return f'<tool_call>\n{{"name": {name}, "arguments": {args}}}\n</tool_call>'
 
 def _text(x) -> str:
     "A server's text with lone surrogates (JSON may carry `\\ud800`) as U+FFFD, which UTF-8 can write; '' if not text."
     return x.encode('utf-16', 'surrogatepass').decode('utf-16', 'replace') if isinstance(x, str) else ''
 
 def _merge_call(calls, delta):
-    "Add one streamed `tool_calls` fragment (OpenAI sends a call's name, then its arguments in pieces) to `calls`."
+    """Add one streamed `tool_calls` fragment (OpenAI sends a call's name, then its arguments in pieces) to `calls`,
+    kept as lists of fragments, joined once (`_call_text`): appending to a string would copy it at every fragment."""
     if not isinstance(delta, dict): raise RemoteError('a tool_calls entry is not an object')
     k = delta.get('index', len(calls))
     if type(k) is not int: raise RemoteError(f'a tool_calls entry\'s index is not an integer: {str(k)[:40]!r}')
-    c = calls.setdefault(k, {'name': '', 'arguments': ''})
+    c = calls.setdefault(k, {'name': [], 'arguments': []})
     f = delta.get('function') if isinstance(delta.get('function'), dict) else {}
     args = f.get('arguments')
-    c['name'] += _text(f.get('name'))   # a server's null or non-text fragment adds nothing
-    c['arguments'] += json.dumps(args) if isinstance(args, dict) else _text(args)   # an object, as some servers send
+    c['name'].append(_text(f.get('name')))   # a server's null or non-text fragment adds nothing
+    c['arguments'].append(json.dumps(args) if isinstance(args, dict) else _text(args))   # an object, as some send
 
 class RemoteModel:
     """A model behind an OpenAI-compatible chat endpoint: `chat(messages, tools, max_new)` yields its reply as the
-    chat template's text, as it streams. `usage` keeps each turn's token counts where the server reports them."""
+    chat template's text, as it streams; each fragment of a call is an empty piece, the call's text follows the last.
+    `usage` keeps each turn's token counts where the server reports them."""
     def __init__(self, url, model, api_key=None, temperature=0.0, timeout=REMOTE_TIMEOUT_S):
         import httpx2
         self.url, self.model, self.temperature, self.usage = check_url(url), model, temperature, []
@@ -97,7 +100,9 @@ class RemoteModel:
                 d = ch.get('delta') if isinstance(ch, dict) else None
                 if not isinstance(d, dict): continue
                 if content := _text(d.get('content')): yield content
-                for tc in _list(d.get('tool_calls'), 'tool_calls'): _merge_call(calls, tc)
+                for tc in _list(d.get('tool_calls'), 'tool_calls'):
+                    _merge_call(calls, tc)
+                    yield ''   # a piece of the loop's budget, as a token of text is: the call's text comes once whole
         for k in sorted(calls): yield _call_text(calls[k])
         yield '<|im_end|>'
 

@@ -2015,6 +2015,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                              'apex3.serve.chat': ('serve.html#chat', 'apex3/serve.py'),
                              'apex3.serve.completions': ('serve.html#completions', 'apex3/serve.py'),
                              'apex3.serve.decode_choices': ('serve.html#decode_choices', 'apex3/serve.py'),
+                             'apex3.serve.listening': ('serve.html#listening', 'apex3/serve.py'),
                              'apex3.serve.serve_main': ('serve.html#serve_main', 'apex3/serve.py'),
                              'apex3.serve.serve_parser': ('serve.html#serve_parser', 'apex3/serve.py'),
                              'apex3.serve.serving': ('serve.html#serving', 'apex3/serve.py')},

@@ -308,11 +308,10 @@ def test_a_port_already_taken_is_one_line_naming_the_cause(demo):
         r = subprocess.run([*argv, '--port', port], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and r.stderr.count('\n') == 1, r.stderr
     assert f'127.0.0.1:{port}: address already in use' in r.stderr, r.stderr
-    p = subprocess.Popen([*argv, '--port', port], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try: assert f'at http://127.0.0.1:{port}/v1' in p.stdout.readline()
-    finally:
-        p.terminate()
-        p.wait(30)
+    with subprocess.Popen([*argv, '--port', port], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          env=env) as p:   # its exit closes the pipe and waits for the process
+        try: assert f'at http://127.0.0.1:{port}/v1' in p.stdout.readline()
+        finally: p.terminate()
 
 # --- the loop over HTTP ----------------------------------------------------------------------------------------------
 

@@ -469,7 +469,8 @@ def serve_parser():
     p.add_argument('--port', type=in_range(int, 0, 65535), default=8000, help='TCP port (default: %(default)s; 0: any)')
     p.add_argument('--api-key', default=None, help='clients must send it as `Authorization: Bearer KEY`')
     p.add_argument('--name', default=None, help="the model's name in the API (default: the checkpoint folder's)")
-    p.add_argument('--tokenizer', default=None, help="tokenizer file, where the checkpoint's data meta names none")
+    p.add_argument('--tokenizer', default=None,
+                   help="tokenizer file (default: the one the checkpoint's data meta names)")
     p.add_argument('--device', default=None, help=DEVICE_HELP)
     p.add_argument('--max-batch', type=in_range(int, 1, 1024), default=8,
                    help='concurrent requests decoded together at most (default: %(default)s)')

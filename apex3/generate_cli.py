@@ -15,15 +15,16 @@ def load_for_generation(ckpt, tokenizer=None, device='cpu'):
     from argparse import Namespace
     from pathlib import Path
     from apex3.ckpt import SUMS, latest_checkpoint, load_checkpoint
-    from apex3.train import checkpoint_model, find_tokenizer
+    from apex3.train import checkpoint_model, find_tokenizer, why_no_tokenizer
     path = Path(ckpt)
     if not path.is_dir(): raise UsageError(f'{ckpt}: no such checkpoint directory')
     if not (path / SUMS).exists() and (path := latest_checkpoint(path)) is None:
         raise UsageError(f'{ckpt}: no checkpoint in it')
     args = load_checkpoint(path, ['args'])['args']
     if not isinstance(args, dict): raise UsageError(f'{path}: its args component is not a dict of flags')
-    tok = find_tokenizer(Namespace(tokenizer=tokenizer, data=list(args.get('data') or []) or ['']))
-    if tok is None: raise UsageError(f"{path}: its data meta names no tokenizer; pass --tokenizer FILE")
+    data = list(args.get('data') or []) or ['']
+    if (tok := find_tokenizer(Namespace(tokenizer=tokenizer, data=data))) is None:
+        raise UsageError(f'{path}: no tokenizer: {why_no_tokenizer(data)}; pass --tokenizer FILE')
     return checkpoint_model(path, device).eval(), tok
 
 def stream_text(ids, tok, out):
@@ -64,7 +65,8 @@ def generate_parser():
     p.add_argument('--top-k', type=in_range(int, 1), default=None)
     p.add_argument('--top-p', type=in_range(float, 0, 1, low_open=True), default=None)
     p.add_argument('--seed', type=in_range(int, 0, 2**63 - 1), default=0)
-    p.add_argument('--tokenizer', default=None, help="tokenizer file, where the checkpoint's data meta names none")
+    p.add_argument('--tokenizer', default=None,
+                   help="tokenizer file (default: the one the checkpoint's data meta names)")
     p.add_argument('--device', default=None, help=DEVICE_HELP)
     p.add_argument('--compile', action='store_true', help='compile the decode step (pays off for long generations)')
     p.add_argument('--int8', action='store_true', help="int8 weights, a scale per row: a quarter of fp32's bytes (CPU)")

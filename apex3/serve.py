@@ -5,7 +5,7 @@ concurrent requests decoded together through the generation chapter's `Generator
 
 # %% auto #0
 __all__ = ['MAX_UNREAD', 'BODY_TIMEOUT', 'HEAD_TIMEOUT', 'SEND_TIMEOUT', 'Choice', 'decode_choices', 'Server', 'ChatTurn',
-           'completions', 'chat', 'GuardedH11', 'serving', 'serve_parser', 'serve_main']
+           'completions', 'chat', 'GuardedH11', 'listening', 'serving', 'serve_parser', 'serve_main']
 
 # %% ../nbs/74_serve.ipynb #d97e6533
 import asyncio, contextlib, contextvars, functools, hmac, json, logging, threading, time, uuid
@@ -418,6 +418,26 @@ def _cancelled(timer):
     "None, once `timer` (an `asyncio.TimerHandle` or None) is cancelled."
     if timer is not None: timer.cancel()
 
+def listening(host, port) -> list:
+    """Sockets bound to `port` on every address `host` names, as asyncio's `create_server` binds them for uvicorn, but
+    here, so that a port already taken or an address this machine lacks is a `UsageError` that names the cause."""
+    import socket
+    def cannot(e):
+        why = getattr(e, 'strerror', None) or str(e)   # 'Address already in use', 'Name or service not known'
+        return UsageError(f'cannot listen on {host}:{port}: {why[:1].lower()}{why[1:]}')
+    try: infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as e: raise cannot(e) from None   # no such name; a label idna cannot encode
+    socks = []
+    for family, kind, proto, _, addr in dict.fromkeys(infos):
+        socks.append(s := socket.socket(family, kind, proto))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6: s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)   # as asyncio's
+        try: s.bind(addr)
+        except OSError as e:
+            for s in socks: s.close()
+            raise cannot(e) from None
+    return socks
+
 @contextlib.contextmanager
 def serving(app, host='127.0.0.1', port=0, head_timeout=HEAD_TIMEOUT, send_timeout=SEND_TIMEOUT, keep_alive=5):
     """Run `app` with uvicorn on a thread of this process, each connection a `GuardedH11`; yields its base URL
@@ -426,10 +446,13 @@ def serving(app, host='127.0.0.1', port=0, head_timeout=HEAD_TIMEOUT, send_timeo
     http = functools.partial(GuardedH11, head_timeout=head_timeout, send_timeout=send_timeout)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level='warning', lifespan='off', http=http,
                                            timeout_keep_alive=keep_alive))
-    t = threading.Thread(target=server.run, daemon=True, name='apex3-serve-http')
+    socks = listening(host, port)
+    t = threading.Thread(target=server.run, args=(socks,), daemon=True, name='apex3-serve-http')
     t.start()
     while not server.started:
-        if not t.is_alive(): raise UsageError(f'the server could not start on {host}:{port}')
+        if not t.is_alive():
+            for s in socks: s.close()
+            raise UsageError(f'the server could not start on {host}:{port}')
         time.sleep(0.01)
     bound = server.servers[0].sockets[0].getsockname()[1]
     try: yield f'http://{host}:{bound}/v1'
@@ -446,7 +469,8 @@ def serve_parser():
     p.add_argument('--port', type=in_range(int, 0, 65535), default=8000, help='TCP port (default: %(default)s; 0: any)')
     p.add_argument('--api-key', default=None, help='clients must send it as `Authorization: Bearer KEY`')
     p.add_argument('--name', default=None, help="the model's name in the API (default: the checkpoint folder's)")
-    p.add_argument('--tokenizer', default=None, help="tokenizer file, where the checkpoint's data meta names none")
+    p.add_argument('--tokenizer', default=None,
+                   help="tokenizer file (default: the one the checkpoint's data meta names)")
     p.add_argument('--device', default=None, help=DEVICE_HELP)
     p.add_argument('--max-batch', type=in_range(int, 1, 1024), default=8,
                    help='concurrent requests decoded together at most (default: %(default)s)')

@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['PROBE_FILE_BYTES', 'Dist', 'init_distributed', 'global_mean', 'sync_expert_loads', 'TrainRun', 'build_run',
            'discard_step', 'doc_overflow_count', 'warn_doc_overflow', 'warn_repeats', 'train_step', 'val_losses',
-           'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'load_probe', 'arith_probe_file', 'probe_answers',
-           'probe_accuracy', 'host_rss_gib', 'memory_stats', 'train', 'loop', 'checkpoint_model', 'shape_misfit',
-           'train_main', 'main']
+           'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'why_no_tokenizer', 'load_probe', 'arith_probe_file',
+           'probe_answers', 'probe_accuracy', 'host_rss_gib', 'memory_stats', 'train', 'loop', 'checkpoint_model',
+           'shape_misfit', 'train_main', 'main']
 
 # %% ../nbs/70_train.ipynb #09bc9f7d
 import sys
@@ -30,7 +30,7 @@ from .ckpt import check_checkpoint_room
 from .optim import make_schedule
 from .run import (Run, TrainState, micro_step, last_micro_starts, optimizer_step, micro_flops, status_gib,
                        device_peak_tflops)
-from .train_io import data_meta, check_outputs, default_log, open_data, StepLog
+from .train_io import data_meta, check_outputs, default_log, open_data, shard_glob, StepLog
 from .diloco.trainer import diloco_hooks, branch_from_diloco, join_dist_workers
 from .train_ckpt import gather_ranks, save_state, restore_state
 
@@ -199,6 +199,17 @@ def find_tokenizer(s):
     if m.get('tokenizer') == 'bytes': return ByteTokenizer()
     if m.get('tokenizer') and (p := Path(m['folder']) / m['tokenizer']).exists(): return HFTokenizer(p)
     return None
+
+def why_no_tokenizer(data) -> str:
+    """Why `find_tokenizer` finds no tokenizer in the `--data` specs `data` (without `--tokenizer`), and where it
+    looked: the data's shards and meta.json moved or gone, a meta naming none, or the file it names gone."""
+    if not data or not data[0]: return 'the run named no --data'
+    if (m := data_meta(data[0])) is None:
+        return f'no token shards with a meta.json match its data {os.path.abspath(shard_glob(data[0]))}'
+    meta = os.path.join(m['folder'], 'meta.json')
+    if not m.get('tokenizer'): return f'its data meta {meta} names no tokenizer'
+    where = os.path.abspath(os.path.join(m['folder'], m['tokenizer']))
+    return f"its data meta {meta} names the tokenizer {m['tokenizer']!r}, and there is no file {where}"
 
 # %% ../nbs/70_train.ipynb #46abb431
 PROBE_FILE_BYTES = 16 << 20   # a probe is a few hundred prompts: a file far past that is not one (`/dev/zero`)

@@ -2,7 +2,7 @@
 keys, kinds and stages, missing keys, paths that match nothing) and the run exits 2 with one line on stderr that names
 every planted key, no traceback, before any output is written. The reference for what a key accepts is written out
 here, independently of the code's schema."""
-import json, math, subprocess, sys, tempfile
+import json, math, os, subprocess, sys, tempfile
 from pathlib import Path
 from hypothesis import given, settings, strategies as st, HealthCheck
 from apex3.cli import run_cli
@@ -132,3 +132,20 @@ def test_the_issue_cases_from_the_command_line():
                                capture_output=True, text=True)
             assert p.returncode == 2 and p.stderr.count('\n') == 1 and says in p.stderr, p.stderr
             assert 'Traceback' not in p.stderr
+
+
+def test_a_tilde_in_out_is_the_home_folder_as_in_every_config_path(tmp_path):
+    """`out = "~/x"` writes under $HOME, as a source's `path = "~/..."` reads from there, never into a folder named `~`
+    beside the config (which invites `rm -rf ~`). The control: `out` without a tilde is still the config's folder's."""
+    home, conf = tmp_path / 'home', tmp_path / 'conf'
+    (home / 'raw').mkdir(parents=True)
+    conf.mkdir()
+    (home / 'raw' / 'a.jsonl').write_text('{"text": "a document"}\n')
+    for out, lands in (('~/made', home / 'made'), ('made', conf / 'made')):
+        (conf / 'c.toml').write_text(toml({'pipeline': {'out': out}, 'tokenize': {'enabled': False},
+                                           'long': {'enabled': False},
+                                           'source': [{'name': 's', 'kind': 'jsonl', 'path': '~/raw/*.jsonl'}]}))
+        p = subprocess.run([sys.executable, '-c', CLI, 'data', 'run', str(conf / 'c.toml')], capture_output=True,
+                           text=True, env={**os.environ, 'HOME': str(home)}, cwd=tmp_path)
+        assert p.returncode == 0 and (lands / 'markers.json').is_file(), p.stderr
+    assert not any(p.name == '~' for p in tmp_path.rglob('*'))

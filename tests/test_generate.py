@@ -101,3 +101,31 @@ def test_flags_that_lie_are_refused_before_the_model_is_built(tiny_ckpt, tmp_pat
     one_line(control, *HOST)
     honest = limited('generate', tiny_ckpt, '--prompt', 'hi', '--max-new', 2)
     assert honest.returncode == 0 and honest.stdout.startswith('hi'), honest.stderr[-2000:]
+
+def test_a_tokenizer_not_found_says_what_was_looked_for_and_where(tiny_ckpt, tmp_path):
+    """The data a checkpoint was trained on moved away, or the tokenizer file its meta.json names gone: one line naming
+    what was looked for and where, and `--tokenizer`. The controls: the data in place, the file back, or `--tokenizer`
+    naming one, and the checkpoint decodes."""
+    import json, shutil
+    from tokenizers import Tokenizer, models
+    from apex3.ckpt import load_checkpoint, save_checkpoint
+    ck = load_checkpoint(next(tiny_ckpt.iterdir()), ['model', 'args'], mmap=False)
+    data = shutil.copytree(tiny_ckpt.parent / 'bytes', tmp_path / 'DATA')
+    args = ck['args'] | {'data': [f'{data}/shard-*.bin']}
+    save_checkpoint(tmp_path / 'ckpt', 0, {'model': ck['model'], 'args': args})
+    decodes = lambda *flags: apex3('generate', tmp_path / 'ckpt', '--prompt', 'w1', '--max-new', 2, *flags)
+    assert decodes().returncode == 0
+    data.rename(tmp_path / 'DATAmoved')
+    one_line(decodes(), f'no token shards with a meta.json match its data {data}/shard-*.bin', '--tokenizer FILE')
+    (tmp_path / 'DATAmoved').rename(data)
+    meta = json.loads((data / 'meta.json').read_text())
+    (data / 'meta.json').write_text(json.dumps(meta | {'tokenizer': '../tok/tokenizer.json'}))
+    one_line(decodes(), "names the tokenizer '../tok/tokenizer.json'",
+             f'and there is no file {tmp_path}/tok/tokenizer.json; pass --tokenizer FILE')
+    words = Tokenizer(models.WordLevel({f'w{i}': i for i in range(257)}, unk_token='w0'))
+    words.save(str(tmp_path / 'words.json'))
+    given = decodes('--tokenizer', tmp_path / 'words.json')
+    assert given.returncode == 0 and given.stdout.startswith('w1'), given.stderr
+    (tmp_path / 'tok').mkdir()
+    shutil.copy(tmp_path / 'words.json', tmp_path / 'tok/tokenizer.json')
+    assert decodes().stdout == given.stdout

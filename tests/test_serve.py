@@ -294,6 +294,25 @@ def test_apex3_serve_process(demo):
         p.wait(30)
 
 
+
+def test_a_port_already_taken_is_one_line_naming_the_cause(demo):
+    """`apex3 serve --port P` while another socket listens on P: status 2 and one stderr line saying the address is in
+    use (not uvicorn's log line and then ours). The control: the same command once P is free serves there."""
+    import socket
+    _, _, _, ckpt, tok_file = demo
+    main = 'import sys; from apex3.cli import main; sys.exit(main(sys.argv[1:]))'
+    argv = [sys.executable, '-c', main, 'serve', ckpt, '--tokenizer', tok_file, '--device', 'cpu']
+    env = {**os.environ, 'PYTHONPATH': str(ROOT)}
+    with socket.create_server(('127.0.0.1', 0)) as taken:
+        port = str(taken.getsockname()[1])
+        r = subprocess.run([*argv, '--port', port], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and r.stderr.count('\n') == 1, r.stderr
+    assert f'127.0.0.1:{port}: address already in use' in r.stderr, r.stderr
+    with subprocess.Popen([*argv, '--port', port], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          env=env) as p:   # its exit closes the pipe and waits for the process
+        try: assert f'at http://127.0.0.1:{port}/v1' in p.stdout.readline()
+        finally: p.terminate()
+
 # --- the loop over HTTP ----------------------------------------------------------------------------------------------
 
 def test_loop_drives_the_demo_model_over_http(server, demo, tmp_path):

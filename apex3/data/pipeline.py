@@ -197,7 +197,7 @@ def load_config(path) -> dict:
     if errs := config_errors(cfg, base):
         raise UsageError(f"{path}: {len(errs)} problem{'s' * (len(errs) > 1)}: " + '; '.join(errs))
     cfg.setdefault('pipeline', {})
-    cfg['pipeline']['out'] = str(base / cfg['pipeline'].get('out', 'out'))
+    cfg['pipeline']['out'] = str(base / os.path.expanduser(cfg['pipeline'].get('out', 'out')))   # as paths below
     for s in cfg.get('source', []):
         if 'url' in s: s['urls'] = [s.pop('url')]
         if 'urls' in s:  # downloaded into out/downloads/NAME, ingested from there

@@ -10,7 +10,7 @@ __all__ = ['DESCRIPTION', 'HEADLINE', 'DAY_MINUTES', 'demo_main', 'summary_lines
 import json, os, resource, sys, time
 from contextlib import contextmanager
 from pathlib import Path
-from .usage import ArgParser, UsageError, probe_writable, in_range, run_command
+from .usage import ArgParser, UsageError, FolderBusy, holding, probe_writable, in_range, run_command
 from .settings import check_not_empty
 
 # %% ../nbs/04_demo.ipynb #5c93159e
@@ -32,7 +32,6 @@ def demo_main(argv=()):
     check_not_empty(vars(a))
     probe_writable(a.out)   # an unwritable --out fails here, not after the plan is printed
     passive_openmp()
-    from apex3.data.core import FolderBusy, holding
     try:
         with holding(a.out): return _demo(a)   # a second demo into this folder would retrain the first one's model
     except FolderBusy as e: raise UsageError(str(e)) from None

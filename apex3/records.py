@@ -7,7 +7,7 @@ __all__ = ['SPEED_ENV', 'pkg_version', 'git', 'code_changed', 'provenance', 'pro
            'load_records', 'latest_run', 'time_fn', 'attempt']
 
 # %% ../nbs/03_records.ipynb #c37ebbf4
-import datetime, json, os, platform, statistics, subprocess, time
+import datetime, json, logging, os, platform, statistics, subprocess, time
 from importlib.metadata import version, PackageNotFoundError
 from pathlib import Path
 import torch
@@ -63,15 +63,33 @@ def append_records(recs, path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     prov = provenance()
     with open(path, 'a') as f:
+        if not _ends_line(path): f.write('\n')   # a cut last line (a run killed mid-write) keeps to itself
         for r in recs: f.write(json.dumps({**r, **prov}) + '\n')
     return path
 
+def _ends_line(path) -> bool:
+    "Whether the file `path` is empty or ends with a newline."
+    with open(path, 'rb') as f:
+        if f.seek(0, os.SEEK_END) == 0: return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b'\n'
+
+def _record(line):
+    "The JSON object a line holds, or None."
+    try: r = json.loads(line)
+    except ValueError: return None
+    return r if isinstance(r, dict) else None
+
 def load_records(path, kind=None) -> list:
-    "The records in `path` (a file, or a name under `records/`), optionally of one `kind`; [] if there are none."
+    """The records in `path` (a file, or a name under `records/`), optionally of one `kind`; [] if there are none. A
+    line that is not a JSON object (one cut short) is skipped, with one warning line that counts them."""
     path = Path(path) if Path(path).exists() or Path(path).parent != Path('.') else records_path(path)
     if not path.exists(): return []
-    recs = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-    return [r for r in recs if kind is None or r.get('kind') == kind]
+    recs = [_record(l) for l in path.read_text().splitlines() if l.strip()]
+    if bad := recs.count(None):
+        logging.getLogger('apex3.records').warning('%s: %d line%s not a JSON record: skipped', path, bad,
+                                                   ' is' if bad == 1 else 's are')
+    return [r for r in recs if r is not None and (kind is None or r.get('kind') == kind)]
 
 def latest_run(recs) -> list:
     "The records of the latest run among `recs` (records appended together share one date and commit)."

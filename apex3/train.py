@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['PROBE_FILE_BYTES', 'Dist', 'init_distributed', 'global_mean', 'sync_expert_loads', 'TrainRun', 'build_run',
            'discard_step', 'doc_overflow_count', 'warn_doc_overflow', 'warn_repeats', 'train_step', 'val_losses',
-           'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'why_no_tokenizer', 'load_probe', 'arith_probe_file',
-           'probe_answers', 'probe_accuracy', 'host_rss_gib', 'memory_stats', 'train', 'loop', 'checkpoint_model',
-           'shape_misfit', 'train_main', 'main']
+           'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'why_no_tokenizer', 'check_tokenizer', 'load_probe',
+           'arith_probe_file', 'probe_answers', 'probe_accuracy', 'host_rss_gib', 'memory_stats', 'train', 'loop',
+           'checkpoint_model', 'shape_misfit', 'train_main', 'main']
 
 # %% ../nbs/70_train.ipynb #09bc9f7d
 import sys
@@ -30,7 +30,7 @@ from .ckpt import check_checkpoint_room
 from .optim import make_schedule
 from .run import (Run, TrainState, micro_step, last_micro_starts, optimizer_step, micro_flops, status_gib,
                        device_peak_tflops)
-from .train_io import data_meta, check_outputs, default_log, open_data, shard_glob, StepLog
+from .train_io import data_meta, check_outputs, holding_outputs, default_log, open_data, shard_glob, StepLog
 from .diloco.trainer import diloco_hooks, branch_from_diloco, join_dist_workers
 from .train_ckpt import gather_ranks, save_state, restore_state
 
@@ -211,6 +211,12 @@ def why_no_tokenizer(data) -> str:
     where = os.path.abspath(os.path.join(m['folder'], m['tokenizer']))
     return f"its data meta {meta} names the tokenizer {m['tokenizer']!r}, and there is no file {where}"
 
+def check_tokenizer(s):
+    "`--tokenizer` (`s`: `DataSettings`), when given, loads; else a `UsageError` naming the flag."
+    if not s.tokenizer: return
+    try: HFTokenizer(s.tokenizer)
+    except UsageError as e: raise UsageError(f'--tokenizer {e}') from None
+
 # %% ../nbs/70_train.ipynb #46abb431
 PROBE_FILE_BYTES = 16 << 20   # a probe is a few hundred prompts: a file far past that is not one (`/dev/zero`)
 
@@ -301,20 +307,22 @@ def train(s: TrainSettings) -> int:
     try:
         cfg, c = checked_train_config(s, d), s.ckpt
         sched = make_schedule(s.schedule)   # one that cannot be (warmup past the decay): before anything is made
+        check_tokenizer(s.data)
         check_outputs(s, d)
-        loader, val = open_data(s.data, cfg, s.run.model.micro_bs, s.run.seed, s.diloco.data_slice(d.rank, d.world))
-        run = build_run(s, d)
-        if c.branch_from_diloco: branch_from_diloco(run, c.branch_from_diloco)   # a resume overrides it
-        hooks = diloco_hooks(s.diloco, run, d)
-        st = TrainState(next_ckpt=c.next_due(0))
-        resumed = c.resume and (got := restore_state(run, loader, d, hooks)) is not None
-        if resumed: st = got
-        for h in hooks:
-            if to := h.start(resumed): st.move_to(*to, c)
-        if c.ckpt_dir and d.main:
-            saves = c.saves_left(st.tokens, sched.stop)
-            check_checkpoint_room(c.ckpt_dir, run.model, run.opt, c.keep_ckpts, saves)
-        return loop(run, loader, val, sched, st, d, hooks)
+        with holding_outputs(s, d):   # rank 0 holds its outputs until the run ends
+            loader, val = open_data(s.data, cfg, s.run.model.micro_bs, s.run.seed, s.diloco.data_slice(d.rank, d.world))
+            run = build_run(s, d)
+            if c.branch_from_diloco: branch_from_diloco(run, c.branch_from_diloco)   # a resume overrides it
+            hooks = diloco_hooks(s.diloco, run, d)
+            st = TrainState(next_ckpt=c.next_due(0))
+            resumed = c.resume and (got := restore_state(run, loader, d, hooks)) is not None
+            if resumed: st = got
+            for h in hooks:
+                if to := h.start(resumed): st.move_to(*to, c)
+            if c.ckpt_dir and d.main:
+                saves = c.saves_left(st.tokens, sched.stop)
+                check_checkpoint_room(c.ckpt_dir, run.model, run.opt, c.keep_ckpts, saves)
+            return loop(run, loader, val, sched, st, d, hooks)
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
 

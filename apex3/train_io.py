@@ -4,14 +4,14 @@
 
 # %% auto #0
 __all__ = ['shard_glob', 'data_meta', 'check_data', 'byte_shards', 'ValSet', 'open_data', 'demo_specs', 'check_outputs',
-           'default_log', 'StepLog', 'read_log']
+           'holding_outputs', 'default_log', 'StepLog', 'read_log']
 
 # %% ../nbs/70a_train_io.ipynb #2a11c207
 import functools, json, logging, sys
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 import numpy as np
-from .usage import UsageError, probe_writable, warn_once
+from .usage import UsageError, FolderBusy, holding, probe_writable, warn_once
 
 _log = logging.getLogger('apex3.train')   # the trainer's logger: these lines are the trainer's
 _warn_once = functools.partial(warn_once, logger=_log)
@@ -149,6 +149,21 @@ def check_outputs(s, d):
     _writable(log.parent, '--step-log', log)
     with _fs_errors('--step-log', log): open(log, 'a').close()
     if s.log.tensorboard: _writable(s.log.tensorboard, '--tensorboard')
+
+@contextmanager
+def holding_outputs(s, d):
+    """Rank 0 holds the checkpoint folder and the step log while the block runs; another run holding either is a
+    `UsageError` naming its flag."""
+    log = Path(s.log.step_log or default_log(s))
+    held = [('--ckpt-dir', s.ckpt.ckpt_dir, s.ckpt.ckpt_dir, '.lock')] if s.ckpt.ckpt_dir else []
+    held.append(('--step-log', log, log.parent, log.name))   # the log is its own lock file
+    with ExitStack() as stack:
+        for flag, given, folder, lock in held if d.main else ():
+            try: stack.enter_context(holding(folder, lock))
+            except FolderBusy:
+                raise UsageError(f'{flag} {given} is being written by another run now: wait for it to end, or give '
+                                 f'another {flag}') from None
+        yield
 
 def default_log(s):
     "The step log's path unless `--step-log` says: beside the checkpoints, else in `apex3-train/`."

@@ -6,7 +6,7 @@
 __all__ = ['INT_MAX', 'STORAGE_ERRNOS', 'HOST_OOM_SIGNS', 'SMALLER', 'GiB', 'UsageError', 'ArgParser', 'in_range', 'utf8_text',
            'header_text', 'Terminated', 'term_as_interrupt', 'run_command', 'is_fs_error', 'os_error_line',
            'is_out_of_memory', 'out_of_memory_line', 'probe_writable', 'open_regular', 'read_small_file', 'NotInside',
-           'regular_inside', 'free_port', 'warn_once', 'load_target', 'commands_usage']
+           'regular_inside', 'free_port', 'FolderBusy', 'holding', 'warn_once', 'load_target', 'commands_usage']
 
 # %% ../nbs/000_usage.ipynb #6c0ec4ff
 import argparse, contextlib, errno, importlib, math, os, re, signal, sys, tempfile, threading
@@ -226,6 +226,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
+
+# %% ../nbs/000_usage.ipynb #7a66b966
+from contextlib import contextmanager
+
+class FolderBusy(Exception):
+    "Another run is writing the folder this run writes; the message is one line."
+
+@contextmanager
+def holding(folder, lock='.lock'):
+    """Hold `folder` for this run while the block runs: an exclusive lock on its file `lock` (a path inside it), or
+    `FolderBusy` where another run holds it."""
+    import fcntl, logging
+    path = os.path.join(folder, lock)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'a') as f:
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderBusy(f'{folder} is being written by another run now: wait for it to end, or write to another '
+                             'folder') from None
+        except OSError as e:   # ENOLCK, EOPNOTSUPP: a file system without locks
+            logging.getLogger(__name__).warning('%s: cannot lock it (%s): another run writing it at the same time '
+                                                'would not be stopped', folder, e.strerror)
+        yield
+
 
 # %% ../nbs/000_usage.ipynb #c10ee671
 GiB = 2**30   # bytes

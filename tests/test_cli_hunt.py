@@ -119,6 +119,19 @@ def test_bench_json_is_the_users_path(tmp_path):
               cwd=tmp_path)
     assert p.returncode == 2 and not (ROOT / 'records' / 'adir').exists(), p.stderr[-800:]
 
+def test_bench_json_after_a_cut_line_keeps_its_record_whole(tmp_path):
+    """A records file whose last line was cut (a run killed mid-write): the new record starts a line of its own, and
+    reading the file skips the cut line with one warning. The control: the cut line is still there, unparsable."""
+    from apex3.records import load_records
+    (tmp_path / 'rec.jsonl').write_text('{"partial": tru')
+    p = apex3('bench', '--device', 'cpu', '--config', 'tiny', '--steps', 1, '--warmup', 0, '--json', 'rec.jsonl',
+              cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-800:]
+    first, second = (tmp_path / 'rec.jsonl').read_text().splitlines()
+    assert first == '{"partial": tru' and json.loads(second)['kind'] == 'bench'
+    assert [r['kind'] for r in load_records(tmp_path / 'rec.jsonl')] == ['bench']
+    with pytest.raises(ValueError): json.loads(first)
+
 @pytest.mark.parametrize('line', ['{"text": "Hello. There. Now."}', 'not json', '[1, 2]', '{"id": 1, "text": 5}'])
 def test_a_stage_input_that_is_not_documents_is_one_line(tmp_path, line):
     "A user's own JSONL given to a stage (ingest is what turns any JSONL into documents); the control: a document."

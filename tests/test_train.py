@@ -92,6 +92,49 @@ def test_nonfinite_steps_are_skipped_then_stop_the_run(data, tmp_path):
     assert ck['train']['step'] == 4 and ck['train']['tokens'] == 256 and ck['train']['bad_streak'] == 0
     assert all(torch.isfinite(v).all() for v in ck['model'].values() if v.is_floating_point())
 
+def test_a_second_run_onto_a_checkpoint_folder_in_use_is_refused(data, tmp_path):
+    """Two runs on one --ckpt-dir at once would interleave their steps in one step log and prune each other's
+    checkpoints: while the first trains, a second one onto its folder (or onto its step log from another folder) is
+    refused in one line, status 2, and the first ends well with its own steps only. The control: the same second run
+    once the first has ended goes on from its checkpoint."""
+    ck, log = tmp_path / 'ck', tmp_path / 'ck' / 'train.jsonl'
+    common = [*TINY, *data, '--total-tokens', 64 * 10_000, '--ckpt-every', 1024, '--val-every', 0, '--resume']
+    first = trainer(*common, '--ckpt-dir', ck, '--max-minutes', 1)   # it trains for 60 s, then saves and ends
+    deadline = time.time() + 120
+    while not (log.exists() and log.read_text()) and first.poll() is None and time.time() < deadline: time.sleep(0.05)
+    # one step each: one that is not refused ends soon, and fails the test below
+    seconds = [trainer(*common, '--ckpt-dir', ck, '--max-steps', 1),
+               trainer(*common, '--ckpt-dir', tmp_path / 'other', '--step-log', log, '--max-steps', 1)]
+    seconds = [finish(p) for p in seconds]
+    assert first.poll() is None, 'the first run ended before the second ones were refused'
+    for (rc, _, err), flag in zip(seconds, ('--ckpt-dir', '--step-log')):
+        assert rc == 2 and err.count('\n') == 1 and err.startswith(f'apex3 train: error: {flag} '), err
+        assert 'is being written by another run now' in err, err
+    rc, _, err = finish(first); assert rc == 0, err
+    steps = [json.loads(l)['step'] for l in log.read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1)), steps   # one run's steps, each once
+    rc, _, err = finish(trainer(*common, '--ckpt-dir', ck, '--max-steps', len(steps) + 2))   # the control: free now
+    assert rc == 0 and 'resumed from' in err, err
+    assert [r['step'] for r in read_log(log)][-1] == len(steps) + 2
+
+def test_a_tokenizer_flag_that_names_no_tokenizer_is_refused(data, tmp_path):
+    """--tokenizer is read only by the probe: one naming no tokenizer file (none there, a folder, a file that is no
+    tokenizer) is refused in one line, status 2, before a step, with or without a probe. The control: a tokenizer file
+    that loads trains."""
+    from tokenizers import Tokenizer, models
+    good = tmp_path / 'tok.json'
+    Tokenizer(models.WordLevel({'[UNK]': 0, 'a': 1}, unk_token='[UNK]')).save(str(good))
+    (tmp_path / 'not.json').write_text('{"partial": tru')
+    common = [*TINY, *data, '--total-tokens', 64 * 4, '--val-every', 0, '--max-steps', 1]
+    for bad in (tmp_path / 'none.json', tmp_path, tmp_path / 'not.json'):
+        log = tmp_path / f'{bad.name}.jsonl'
+        rc, _, err = finish(trainer(*common, '--tokenizer', bad, '--step-log', log))
+        assert rc == 2 and err.count('\n') == 1 and err.startswith(f'apex3 train: error: --tokenizer {bad}'), err
+        assert not log.exists() or not log.read_text()   # no step
+    rc, _, err = finish(trainer(*common, '--tokenizer', good, '--step-log', tmp_path / 'good.jsonl'))
+    assert rc == 0, err
+    assert [r['step'] for r in read_log(tmp_path / 'good.jsonl')] == [1]
+
 def _reference_losses(specs, steps, seq, mb, lr, total, world=2, accum=1):
     "One process, no FSDP: each micro-batch the concatenation of every rank's rows, the trainer's model, optimizer, loss and schedule."
     from apex3.config import get_config

@@ -11,19 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Iterable, NamedTuple
 import orjson, zstandard
+from ..usage import FolderBusy, holding
 from .identity import (StaleTasks, identity_of, identity_path, marker_identity, read_marker,
                                  remove_unused_records, stale_line, task_identity)
 
 
 # %% auto #0
-__all__ = ['ZST_PIECE', 'MAX_DOC_BYTES', 'MAX_SHARD_LINE', 'RULE_END', 'LOCK', 'PR_SET_PDEATHSIG', 'M_TRIM_THRESHOLD',
-           'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask', 'atomic_write_bytes',
-           'write_jsonl_zst', 'DamagedFile', 'zst_pieces', 'read_zst', 'zst_lines', 'read_jsonl_zst',
-           'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'whole', 'NumberRule', 'number', 'Step', 'TaskContext',
-           'Stage', 'marker_path', 'written_outputs', 'lost_output', 'warn_redone', 'is_done', 'run_task',
-           'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs', 'MapStage',
-           'FolderBusy', 'holding', 'Executor', 'remove_stale_temps', 'pending_tasks', 'die_with_parent', 'WorkerDied',
-           'keep_freed_memory', 'worker_died_line', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
+__all__ = ['ZST_PIECE', 'MAX_DOC_BYTES', 'MAX_SHARD_LINE', 'RULE_END', 'LOCK', 'STAGE_LOCK', 'PR_SET_PDEATHSIG',
+           'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask',
+           'atomic_write_bytes', 'write_jsonl_zst', 'DamagedFile', 'zst_pieces', 'read_zst', 'zst_lines',
+           'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'whole', 'NumberRule', 'number', 'Step',
+           'TaskContext', 'Stage', 'marker_path', 'written_outputs', 'lost_output', 'warn_redone', 'is_done',
+           'run_task', 'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs', 'MapStage',
+           'Executor', 'remove_stale_temps', 'pending_tasks', 'die_with_parent', 'WorkerDied', 'keep_freed_memory',
+           'worker_died_line', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
 @dataclass
@@ -391,32 +392,14 @@ class MapStage(Stage):
         return {**ctx.counts, **nbytes, 'docs_out': n}
 
 # %% ../../nbs/50_data.ipynb #142188cb
-class FolderBusy(Exception):
-    "Another run is writing the folder a stage writes; the message is one line."
-
 LOCK = '.lock'   # in `out/.done`: no marker (`*.json`), no temporary (`remove_stale_temps`)
-
-@contextmanager
-def holding(folder):
-    "Hold `folder` for this run while the block runs: an exclusive lock, or `FolderBusy` where another run holds it."
-    import fcntl
-    path = Path(folder)/'.done'/LOCK
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, 'a') as f:
-        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FolderBusy(f'{folder} is being written by another run now: wait for it to end, or write to another '
-                             'folder') from None
-        except OSError as e:   # ENOLCK, EOPNOTSUPP: a file system without locks
-            logging.getLogger(__name__).warning('%s: cannot lock it (%s): another run writing it at the same time '
-                                                'would not be stopped', folder, e.strerror)
-        yield
+STAGE_LOCK = os.path.join('.done', LOCK)   # the lock file `holding` takes in a stage's folder
 
 class Executor:
     """What every executor does around a stage: hold its output folder while `run_tasks` runs the stage's tasks, then
     bring its identity record up to date and delete the records that no marker names any more."""
     def run(self, stage) -> list:
-        with holding(stage.out):
+        with holding(stage.out, STAGE_LOCK):
             recs = self.run_tasks(stage)
             if stage.n_tasks(): refresh_record(stage)
             remove_unused_records(stage.out)

@@ -8,9 +8,9 @@ import dataclasses, errno, glob, importlib.util, inspect, json, math, os, re, sh
 import zstandard
 from collections import Counter
 from pathlib import Path
-from ..usage import (ArgParser, UsageError, STORAGE_ERRNOS, in_range, is_fs_error, os_error_line, probe_writable,
-                         read_small_file)
-from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, FolderBusy, DamagedFile, list_shards,
+from ..usage import (ArgParser, UsageError, STORAGE_ERRNOS, FolderBusy, in_range, is_fs_error, os_error_line,
+                         probe_writable, read_small_file)
+from .core import (MapStage, LocalExecutor, RayExecutor, WorkerDied, DamagedFile, list_shards,
                              read_docs, read_jsonl_zst, atomic_write_bytes, whole, MAX_DOC_BYTES, NumberRule,
                              RULE_END)
 from .identity import StaleTasks, read_marker

@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['PROBE_FILE_BYTES', 'Dist', 'init_distributed', 'global_mean', 'sync_expert_loads', 'TrainRun', 'build_run',
            'discard_step', 'doc_overflow_count', 'warn_doc_overflow', 'warn_repeats', 'train_step', 'val_losses',
-           'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'why_no_tokenizer', 'check_tokenizer', 'load_probe',
-           'arith_probe_file', 'probe_answers', 'probe_accuracy', 'host_rss_gib', 'memory_stats', 'train', 'loop',
-           'checkpoint_model', 'shape_misfit', 'train_main', 'main']
+           'ByteTokenizer', 'HFTokenizer', 'find_tokenizer', 'why_no_tokenizer', 'load_probe', 'arith_probe_file',
+           'probe_answers', 'probe_accuracy', 'host_rss_gib', 'memory_stats', 'train', 'loop', 'checkpoint_model',
+           'shape_misfit', 'train_main', 'main']
 
 # %% ../nbs/70_train.ipynb #09bc9f7d
 import sys
@@ -30,7 +30,8 @@ from .ckpt import check_checkpoint_room
 from .optim import make_schedule
 from .run import (Run, TrainState, micro_step, last_micro_starts, optimizer_step, micro_flops, status_gib,
                        device_peak_tflops)
-from .train_io import data_meta, check_outputs, holding_outputs, default_log, open_data, shard_glob, StepLog
+from .train_io import (data_meta, check_outputs, check_tokenizer, holding_outputs, default_log, open_data,
+                            shard_glob, StepLog)
 from .diloco.trainer import diloco_hooks, branch_from_diloco, join_dist_workers
 from .train_ckpt import gather_ranks, save_state, restore_state
 
@@ -211,11 +212,6 @@ def why_no_tokenizer(data) -> str:
     where = os.path.abspath(os.path.join(m['folder'], m['tokenizer']))
     return f"its data meta {meta} names the tokenizer {m['tokenizer']!r}, and there is no file {where}"
 
-def check_tokenizer(s):
-    "`--tokenizer` (`s`: `DataSettings`), when given, loads; else a `UsageError` naming the flag."
-    if not s.tokenizer: return
-    try: HFTokenizer(s.tokenizer)
-    except UsageError as e: raise UsageError(f'--tokenizer {e}') from None
 
 # %% ../nbs/70_train.ipynb #46abb431
 PROBE_FILE_BYTES = 16 << 20   # a probe is a few hundred prompts: a file far past that is not one (`/dev/zero`)

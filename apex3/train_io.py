@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['shard_glob', 'data_meta', 'check_data', 'byte_shards', 'ValSet', 'open_data', 'demo_specs', 'check_outputs',
-           'holding_outputs', 'default_log', 'StepLog', 'read_log']
+           'holding_outputs', 'default_log', 'check_tokenizer', 'StepLog', 'read_log']
 
 # %% ../nbs/70a_train_io.ipynb #2a11c207
 import functools, json, logging, sys
@@ -168,6 +168,15 @@ def holding_outputs(s, d):
 def default_log(s):
     "The step log's path unless `--step-log` says: beside the checkpoints, else in `apex3-train/`."
     return str(Path(s.ckpt.ckpt_dir) / 'train.jsonl') if s.ckpt.ckpt_dir else 'apex3-train/train.jsonl'
+
+def check_tokenizer(s):
+    """`--tokenizer` (`s`: `DataSettings`), when given, loads; else a `UsageError` naming the flag: before anything is
+    built, with or without a probe, so a typo does not go unseen until a probe is added."""
+    if not s.tokenizer: return
+    from apex3.data.tokenize import load_tokenizer
+    try: load_tokenizer(s.tokenizer)
+    except UsageError as e: raise UsageError(f'--tokenizer {e}') from None
+
 
 # %% ../nbs/70a_train_io.ipynb #6ea9f1ff
 class StepLog:

@@ -9,7 +9,8 @@ __all__ = ['INT_MAX', 'STORAGE_ERRNOS', 'HOST_OOM_SIGNS', 'SMALLER', 'GiB', 'Usa
            'regular_inside', 'free_port', 'FolderBusy', 'holding', 'warn_once', 'load_target', 'commands_usage']
 
 # %% ../nbs/000_usage.ipynb #6c0ec4ff
-import argparse, contextlib, errno, importlib, math, os, re, signal, sys, tempfile, threading
+import argparse, contextlib, errno, importlib, math, os, re, signal, stat, sys, tempfile, threading
+from pathlib import Path
 
 # %% ../nbs/000_usage.ipynb #236a152d
 class UsageError(ValueError):
@@ -172,8 +173,6 @@ def _silence_stdout():
     except (OSError, ValueError): pass   # no real stdout (a notebook, a test capture): nothing to silence
 
 # %% ../nbs/000_usage.ipynb #6c139ba1
-import stat
-
 def open_regular(path, follow=True):
     """`path` opened to read without waiting (a FIFO no one writes) or taking a terminal, following a link unless
     told not to; a `ValueError` where what it opened is not a regular file (a folder, a device, a pipe)."""
@@ -195,8 +194,6 @@ def read_small_file(path, limit: int, flag: str) -> bytes:
     return data
 
 # %% ../nbs/000_usage.ipynb #e37f90f0
-from pathlib import Path
-
 class NotInside(ValueError):
     "Why an entry is no regular file inside its folder; `reason` names the case for counters and records."
     def __init__(self, reason, message):
@@ -228,12 +225,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 # %% ../nbs/000_usage.ipynb #7a66b966
-from contextlib import contextmanager
-
 class FolderBusy(Exception):
     "Another run is writing the folder this run writes; the message is one line."
 
-@contextmanager
+@contextlib.contextmanager
 def holding(folder, lock='.lock'):
     """Hold `folder` for this run while the block runs: an exclusive lock on its file `lock` (a path inside it), or
     `FolderBusy` where another run holds it."""

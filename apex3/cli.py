@@ -28,10 +28,9 @@ COMMANDS = {
 CHECKS = {'train': 'apex3.settings:check_train_argv', 'bench': 'apex3.settings:check_bench_argv'}
 
 def version_line() -> str:
-    "apex3's version, and those of Python and torch (read without importing torch): what a bug report names first."
+    "apex3's, Python's and torch's versions, as pip installed them (nothing imported): what a bug report names first."
     from importlib.metadata import version
-    from apex3 import __version__
-    return f'apex3 {__version__} (Python {platform.python_version()}, torch {version("torch")})'
+    return f'apex3 {version("apex3")} (Python {platform.python_version()}, torch {version("torch")})'
 
 def main(argv=None):
     "Entry point of the `apex3` console script."

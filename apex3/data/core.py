@@ -4,16 +4,15 @@
 
 # %% ../../nbs/50_data.ipynb #d00d04b9
 from __future__ import annotations
-import errno, io, json, logging, math, os, re, sys, threading, time, glob, tempfile, sysconfig
+import errno, json, logging, math, os, re, sys, threading, time, glob, tempfile, sysconfig
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Iterable, NamedTuple
 import orjson, zstandard
-from ..usage import FolderBusy, holding
+from ..usage import holding
 from .identity import (StaleTasks, identity_of, identity_path, marker_identity, read_marker,
-                                 remove_unused_records, stale_line, task_identity)
+                                 remove_unused_records, stale_line, task_identity, written_outputs, lost_output)
 
 
 # %% auto #0
@@ -21,9 +20,9 @@ __all__ = ['ZST_PIECE', 'MAX_DOC_BYTES', 'MAX_SHARD_LINE', 'RULE_END', 'LOCK', '
            'M_TRIM_THRESHOLD', 'M_MMAP_THRESHOLD', 'STDLIB_SKIP', 'Document', 'without_surrogates', 'current_umask',
            'atomic_write_bytes', 'write_jsonl_zst', 'DamagedFile', 'zst_pieces', 'read_zst', 'zst_lines',
            'read_jsonl_zst', 'read_jsonl_zst_bytes', 'write_docs', 'read_docs', 'whole', 'NumberRule', 'number', 'Step',
-           'TaskContext', 'Stage', 'marker_path', 'written_outputs', 'lost_output', 'warn_redone', 'is_done',
-           'run_task', 'refresh_record', 'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs', 'MapStage',
-           'Executor', 'remove_stale_temps', 'pending_tasks', 'die_with_parent', 'WorkerDied', 'keep_freed_memory',
+           'TaskContext', 'Stage', 'marker_path', 'warn_redone', 'is_done', 'run_task', 'refresh_record',
+           'tasks_for_rank', 'run_rank', 'list_shards', 'write_task_outputs', 'MapStage', 'Executor',
+           'remove_stale_temps', 'pending_tasks', 'die_with_parent', 'WorkerDied', 'keep_freed_memory',
            'worker_died_line', 'LocalExecutor', 'RayExecutor', 'stdlib_files']
 
 # %% ../../nbs/50_data.ipynb #981877a2
@@ -270,22 +269,6 @@ class Stage:
         return [f for d in (Path(self.out), Path(self.out)/'rejects') for f in d.glob(f'{glob.escape(task)}.*')]
 
 def marker_path(stage, i) -> Path: return Path(stage.out)/'.done'/f'{stage.task_name(i)}.json'
-
-def written_outputs(stage, task: str) -> dict:
-    "{file relative to `out`: size} of the files task `task` wrote (`task_outputs`): what its marker lists."
-    out = Path(stage.out)
-    return {os.path.relpath(f, out): f.stat().st_size for f in sorted(stage.task_outputs(task)) if f.is_file()}
-
-def lost_output(stage, rec: dict) -> str | None:
-    """'FILE is gone' (or 'has changed') for the first file a marker's record lists that is missing or of another size
-    now; None when each is as its task wrote it. By `os.stat`, not by reading: a rerun asks it of every finished
-    task. A marker that lists no files (an earlier version's) vouches for its task as before."""
-    outs = rec.get('outputs')
-    for rel, size in (outs.items() if isinstance(outs, dict) else ()):
-        try: now = os.stat(Path(stage.out)/rel).st_size
-        except OSError: return f'{rel} is gone'
-        if now != size: return f'{rel} has changed: {now} bytes, {size} when written'
-    return None
 
 def warn_redone(stage, n: int, lost: str):
     "One warning line: `n` finished tasks of `stage` are redone, since an output they wrote is `lost`."

@@ -10,8 +10,8 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['NOT_PARAMETERS', 'DAMAGED', 'declared_inputs', 'regular_stat', 'stage_identity', 'identity_of', 'task_identity',
-           'identity_path', 'read_marker', 'marker_identity', 'StaleTasks', 'identity_difference', 'stale_line',
-           'remove_unused_records']
+           'identity_path', 'read_marker', 'marker_identity', 'written_outputs', 'lost_output', 'StaleTasks',
+           'identity_difference', 'stale_line', 'remove_unused_records']
 
 # %% ../../nbs/50b_identity.ipynb #05ece03f
 NOT_PARAMETERS = ('out', 'name', 'ctx')  # where a stage writes, what it is called, the task a step runs in now
@@ -235,6 +235,23 @@ def marker_identity(m: Path):
     if rec is None or not isinstance(rec.get('identity', ''), str): return DAMAGED, None
     record = rec.get('record')
     return rec.get('identity'), record if isinstance(record, str) and _DIGEST.fullmatch(record) else None
+
+def written_outputs(stage, task: str) -> dict:
+    "{file relative to `out`: size} of the files task `task` wrote (`task_outputs`): what its marker lists."
+    out = Path(stage.out)
+    return {os.path.relpath(f, out): f.stat().st_size for f in sorted(stage.task_outputs(task)) if f.is_file()}
+
+def lost_output(stage, rec: dict) -> str | None:
+    """'FILE is gone' (or 'has changed') for the first file a marker's record lists that is missing or of another size
+    now; None when each is as its task wrote it. By `os.stat`, not by reading: a rerun asks it of every finished
+    task. A marker that lists no files (an earlier version's) vouches for its task as before."""
+    outs = rec.get('outputs')
+    for rel, size in (outs.items() if isinstance(outs, dict) else ()):
+        try: now = os.stat(Path(stage.out)/rel).st_size
+        except OSError: return f'{rel} is gone'
+        if now != size: return f'{rel} has changed: {now} bytes, {size} when written'
+    return None
+
 
 # %% ../../nbs/50b_identity.ipynb #829c4798
 class StaleTasks(Exception):
